@@ -1,0 +1,36 @@
+"""Attention backends by name, imported lazily so a CPU import never touches CUDA code."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+import torch
+
+from speculant.attention.base import AttentionBackend
+
+_BACKENDS = {
+    "torch": "speculant.attention.torch_backend:TorchAttention",
+    "flashinfer": "speculant.attention.flashinfer_backend:FlashInferAttention",
+}
+
+
+def available_backends() -> list[str]:
+    return sorted(_BACKENDS)
+
+
+def resolve_backend_name(name: str, device: torch.device) -> str:
+    """"auto" picks flashinfer on CUDA when it is installed, else the torch reference."""
+    if name != "auto":
+        return name
+    if device.type == "cuda" and importlib.util.find_spec("flashinfer") is not None:
+        return "flashinfer"
+    return "torch"
+
+
+def create_backend(name: str, device: torch.device, **kwargs) -> AttentionBackend:
+    name = resolve_backend_name(name, device)
+    if name not in _BACKENDS:
+        raise ValueError(f"attention_backend must be one of {['auto'] + available_backends()}, got {name!r}")
+    module_name, cls_name = _BACKENDS[name].split(":")
+    return getattr(importlib.import_module(module_name), cls_name)(device=device, **kwargs)

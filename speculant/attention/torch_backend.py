@@ -1,0 +1,98 @@
+"""Reference attention in plain torch (CPU and GPU): gather each sequence's pages, pad, SDPA.
+
+The plan gathers slot indices and builds one boolean mask per forward on the host, so each layer
+does two gathers and one `scaled_dot_product_attention` call whatever the mix of prefill, decode,
+verification or tree tokens in the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from speculant.attention.base import AttentionBackend
+from speculant.attention.batch import ForwardBatch
+
+
+@dataclass
+class TorchAttentionMeta:
+    slot_mapping: torch.Tensor  # [T] cache slot of each new token
+    kv_gather: torch.Tensor  # [B, L] cache slot of each visible key position (0 where padded)
+    mask: torch.Tensor | None  # [B, 1, Q, L] bool, True = attend; None when every key is visible
+    q_scatter: torch.Tensor | None  # [T] row of each token in the padded [B * Q] layout; None if T == B * Q
+    num_seqs: int
+    max_q: int
+
+
+class TorchAttention(AttentionBackend):
+    name = "torch"
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def plan(self, fb: ForwardBatch, device: torch.device) -> TorchAttentionMeta:
+        q_lens, kv_lens = fb.q_lens, fb.kv_lens
+        num_seqs, max_q, max_kv = fb.num_seqs, int(q_lens.max()), int(kv_lens.max())
+        key_pos = np.arange(max_kv)
+        pages = fb.page_table[:, np.minimum(key_pos // fb.page_size, fb.page_table.shape[1] - 1)]
+        kv_gather = np.where(key_pos < kv_lens[:, None], pages * fb.page_size + key_pos % fb.page_size, 0)
+        padded = fb.num_tokens != num_seqs * max_q
+        q_scatter = None
+        if padded:
+            seq_of_token = np.repeat(np.arange(num_seqs), q_lens)
+            q_scatter = seq_of_token * max_q + np.arange(fb.num_tokens) - fb.cu_seqlens_q[seq_of_token]
+        mask = _build_mask(fb, max_q, max_kv)
+        as_tensor = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
+        return TorchAttentionMeta(
+            slot_mapping=as_tensor(fb.slot_mapping),
+            kv_gather=as_tensor(kv_gather),
+            mask=None if mask is None else as_tensor(mask[:, None]),
+            q_scatter=None if q_scatter is None else as_tensor(q_scatter),
+            num_seqs=num_seqs,
+            max_q=max_q,
+        )
+
+    def forward(self, q, k, v, k_cache, v_cache, meta: TorchAttentionMeta, scale: float) -> torch.Tensor:
+        k_cache.index_copy_(0, meta.slot_mapping, k)
+        v_cache.index_copy_(0, meta.slot_mapping, v)
+        keys = k_cache[meta.kv_gather].transpose(1, 2)  # [B, Hkv, L, D]
+        values = v_cache[meta.kv_gather].transpose(1, 2)
+        num_tokens, num_heads, head_dim = q.shape
+        if meta.q_scatter is not None:
+            padded = q.new_zeros(meta.num_seqs * meta.max_q, num_heads, head_dim)
+            q = padded.index_copy_(0, meta.q_scatter, q)
+        queries = q.view(meta.num_seqs, meta.max_q, num_heads, head_dim).transpose(1, 2)
+        out = F.scaled_dot_product_attention(
+            queries, keys, values, attn_mask=meta.mask, scale=scale, enable_gqa=True
+        )  # [B, H, Q, D]
+        out = out.transpose(1, 2).reshape(meta.num_seqs * meta.max_q, num_heads * head_dim)
+        return out if meta.q_scatter is None else out.index_select(0, meta.q_scatter)
+
+
+def _build_mask(fb: ForwardBatch, max_q: int, max_kv: int) -> np.ndarray | None:
+    """[B, Q, L] bool: a query sees the prefix, then new tokens causally (or by the tree mask)."""
+    q_lens, kv_lens = fb.q_lens, fb.kv_lens
+    kv_start = kv_lens - q_lens
+    no_tree = len(fb.custom_mask) == 0
+    if no_tree and max_q == 1 and (kv_lens == max_kv).all():
+        return None
+    qi = np.arange(max_q)[None, :, None]
+    kj = np.arange(max_kv)[None, None, :]
+    mask = kj <= kv_start[:, None, None] + qi
+    if not no_tree:
+        _apply_tree_masks(mask, fb, kv_start)
+    mask &= kj < kv_lens[:, None, None]
+    mask |= (qi >= q_lens[:, None, None]) & (kj == 0)  # padded query rows: one key, no NaN
+    return mask
+
+
+def _apply_tree_masks(mask: np.ndarray, fb: ForwardBatch, kv_start: np.ndarray) -> None:
+    offset = 0
+    for b, n in enumerate(fb.q_lens.tolist()):
+        tree = fb.custom_mask[offset : offset + n * n].reshape(n, n).astype(bool)
+        start = int(kv_start[b])
+        mask[b, :n, start : start + n] = tree
+        offset += n * n

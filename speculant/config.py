@@ -1,0 +1,138 @@
+"""One frozen configuration tree, built once from the CLI or the Python API.
+
+`EngineConfig` holds what the user chose (`ModelConfig`, `CacheConfig`, `SchedulerConfig`,
+`SpecConfig`); `ArchConfig` holds what a checkpoint says about its architecture. Derived values are
+properties; nothing mutates a config after construction (use `dataclasses.replace`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama-3 style rope scaling ("llama3"); `kind="none"` means plain RoPE."""
+
+    kind: str = "none"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position: int = 8192
+
+
+@dataclass(frozen=True)
+class ArchConfig:
+    """Architecture of a Llama-family checkpoint (Llama 2/3, SmolLM2, Mistral, Qwen2/2.5)."""
+
+    family: str  # "llama" | "qwen2" | "mistral"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling = RopeScaling()
+    max_position: int = 4096
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # q/k/v projections carry a bias (Qwen2)
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which checkpoint to run and how: a registry name, a HF folder or a .gguf file."""
+
+    model: str = "smollm2-135m"
+    dtype: str = "float32"
+    device: str = "cpu"
+    attention_backend: str = "auto"  # "auto" | "torch" | "flashinfer"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _DTYPES[self.dtype]
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Paged KV cache: pages of `page_size` token slots, shared by every model of the engine."""
+
+    page_size: int = 16
+    kv_cache_bytes: int = 1 << 30  # budget for all models' K/V together
+    num_pages: int | None = None  # overrides the byte budget (tests use it to force preemption)
+
+    def __post_init__(self) -> None:
+        if self.page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+        if self.num_pages is not None and self.num_pages < 1:
+            raise ValueError(f"num_pages must be >= 1, got {self.num_pages}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Continuous batching: how many sequences and tokens one step may hold."""
+
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512  # per-step token budget; long prompts are chunked to it
+    max_waiting: int = 1024  # admission queue bound (the server answers 429 beyond it)
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """Speculative decoding. `method` names a proposer in `speculant.spec` ("none" disables it)."""
+
+    method: str = "none"  # "none" | "draft" | "ngram"
+    draft_model: str | None = None
+    num_draft_tokens: int = 4  # k: tokens proposed per sequence per step (per-request override)
+    draft_sampling: str = "greedy"  # "greedy" (one-hot draft) | "sample" (draw from the draft)
+    ngram_max: int = 4
+    ngram_min: int = 1
+
+    def __post_init__(self) -> None:
+        if self.num_draft_tokens < 1:
+            raise ValueError(f"num_draft_tokens must be >= 1, got {self.num_draft_tokens}")
+        if self.draft_sampling not in ("greedy", "sample"):
+            raise ValueError(f"draft_sampling must be 'greedy' or 'sample', got {self.draft_sampling!r}")
+        if self.method == "draft" and not self.draft_model:
+            raise ValueError("speculative='draft' needs draft_model")
+
+    @property
+    def enabled(self) -> bool:
+        return self.method != "none"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig = ModelConfig()
+    cache: CacheConfig = CacheConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
+    spec: SpecConfig = SpecConfig()
+
+    def replace(self, **changes) -> EngineConfig:
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,215 @@
+"""The nouns of the data path: Request, Batch, DraftProposal, StepOutput, RequestOutput."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from speculant.sampling.params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED_STOPPED = "stop"  # EOS, stop token or stop string
+    FINISHED_LENGTH = "length"  # max_tokens or the model's context
+    FINISHED_ABORTED = "abort"
+    FINISHED_ERROR = "error"
+
+    @property
+    def finished(self) -> bool:
+        return self not in (RequestStatus.WAITING, RequestStatus.RUNNING)
+
+
+@dataclass
+class SpecStats:
+    """Speculation counters of one request (or, summed, of the engine)."""
+
+    target_forwards: int = 0  # target forwards that emitted tokens for this request
+    emitted_tokens: int = 0  # tokens emitted by those forwards (bonus included)
+    draft_steps: int = 0  # speculative steps (one proposal verified)
+    draft_tokens: int = 0  # tokens proposed
+    accepted_tokens: int = 0  # proposed tokens the target accepted
+    accepted_by_position: list[int] = field(default_factory=list)  # [k_max] accepted at draft slot i
+    proposed_by_position: list[int] = field(default_factory=list)  # [k_max] proposed at draft slot i
+
+    def record(self, num_proposed: int, num_accepted: int) -> None:
+        self.draft_steps += 1
+        self.draft_tokens += num_proposed
+        self.accepted_tokens += num_accepted
+        grow = num_proposed - len(self.proposed_by_position)
+        if grow > 0:
+            self.proposed_by_position += [0] * grow
+            self.accepted_by_position += [0] * grow
+        for i in range(num_proposed):
+            self.proposed_by_position[i] += 1
+            self.accepted_by_position[i] += int(i < num_accepted)
+
+    def merge(self, other: SpecStats) -> None:
+        self.target_forwards += other.target_forwards
+        self.emitted_tokens += other.emitted_tokens
+        self.draft_steps += other.draft_steps
+        self.draft_tokens += other.draft_tokens
+        self.accepted_tokens += other.accepted_tokens
+        n = max(len(self.proposed_by_position), len(other.proposed_by_position))
+        for name in ("proposed_by_position", "accepted_by_position"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            setattr(self, name, [_at(mine, i) + _at(theirs, i) for i in range(n)])
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens emitted per target forward, bonus included."""
+        return self.emitted_tokens / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        return [a / p if p else 0.0 for a, p in zip(self.accepted_by_position, self.proposed_by_position)]
+
+
+def _at(values: list[int], i: int) -> int:
+    return values[i] if i < len(values) else 0
+
+
+@dataclass(eq=False)  # identity: requests are compared and looked up as objects
+class Request:
+    """One generation request; its tokens are prompt + output, its KV length `num_computed_tokens`.
+
+    Invariant between steps: the target's KV holds every token but the last one, which is the
+    input of the next step (`num_computed_tokens == num_tokens - 1` once decoding).
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    stop_token_ids: frozenset[int] = frozenset()
+    output_token_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0
+    generator: torch.Generator | None = None
+    arrival_time: float = field(default_factory=time.perf_counter)
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    num_preemptions: int = 0
+    error: str | None = None
+    spec: SpecStats = field(default_factory=SpecStats)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def token_at(self, position: int) -> int:
+        n = len(self.prompt_token_ids)
+        return self.prompt_token_ids[position] if position < n else self.output_token_ids[position - n]
+
+    @property
+    def is_prefill(self) -> bool:
+        """True until the first sample after (re)admission: the KV lacks more than the last token."""
+        return self.num_computed_tokens == 0 or self.num_computed_tokens < self.num_tokens - 1
+
+    @property
+    def finished(self) -> bool:
+        return self.status.finished
+
+
+@dataclass
+class ScheduledSeq:
+    """One sequence's share of a step: compute tokens [num_computed, num_computed + num_new)."""
+
+    request: Request
+    num_new_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """Whether this chunk reaches the end of the known tokens, so the step samples a token."""
+        return self.request.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+
+
+@dataclass
+class Batch:
+    """What the scheduler hands the engine for one step."""
+
+    seqs: list[ScheduledSeq]
+
+    @property
+    def is_decode(self) -> bool:
+        return bool(self.seqs) and all(not s.request.is_prefill for s in self.seqs)
+
+    @property
+    def requests(self) -> list[Request]:
+        return [s.request for s in self.seqs]
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+
+@dataclass
+class DraftTree:
+    """A tree of draft tokens for one step (EAGLE-style); flat over the batch."""
+
+    parents: torch.Tensor  # [num_draft_tokens_total] index of the parent node in its sequence, -1 at root
+    depths: torch.Tensor  # [num_draft_tokens_total] depth below the last verified token (1-based)
+
+
+@dataclass
+class DraftProposal:
+    """What a proposer returns: k_i draft tokens per sequence of a decode batch (padded with -1)."""
+
+    token_ids: torch.Tensor  # [B, k_max] int64, -1 past num_tokens[b]
+    num_tokens: list[int]  # [B] k_i
+    draft_probs: torch.Tensor | None = None  # [B, k_max, V] q(d); None means one-hot at token_ids
+    tree: DraftTree | None = None  # set by tree proposers; None for chains
+
+
+@dataclass
+class StepOutput:
+    """Tokens a step emitted for each sequence (accepted drafts + recovered/bonus, or one sample)."""
+
+    token_ids: list[list[int]]  # [B][n_b]
+    logprobs: list[list[float]] | None = None  # [B][n_b] when any request asked for them
+
+
+@dataclass
+class CompletionStats:
+    ttft_s: float
+    inter_token_latency_s: float
+    tokens_per_s: float
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_preemptions: int
+    tau: float
+    acceptance_rate: float
+    draft_tokens: int
+    accepted_tokens: int
+
+
+@dataclass
+class RequestOutput:
+    """What the engine reports for a request after a step (and, finished, what generate returns)."""
+
+    request_id: str
+    text: str
+    token_ids: list[int]  # generated tokens only
+    new_token_ids: list[int]  # tokens emitted by this step
+    new_text: str  # text added by this step
+    finished: bool
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    logprobs: list[float] | None = None
+    num_prompt_tokens: int = 0
+    stats: CompletionStats | None = None
+    error: str | None = None

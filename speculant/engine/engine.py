@@ -1,0 +1,251 @@
+"""The engine: one scheduler, one page allocator, a target model and a proposer.
+
+`step()` = schedule → (propose → verify → accept | forward → sample) → commit. Speculation runs
+only on decode batches; prefill and mixed batches sample normally.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from speculant.attention.batch import SeqInput, build_forward_batch
+from speculant.config import EngineConfig
+from speculant.core import Batch, DraftProposal, Request, RequestOutput, RequestStatus, StepOutput
+from speculant.engine.loading import load_target
+from speculant.engine.output import OutputProcessor
+from speculant.engine.stats import EngineStats
+from speculant.kv_cache.allocator import PageAllocator, PageTables
+from speculant.sampling.acceptance import accept_drafts
+from speculant.sampling.params import SamplingParams
+from speculant.sampling.sampler import SamplingTensors, processed_probs, sample, token_logprobs
+from speculant.scheduler.scheduler import Scheduler
+from speculant.spec.base import ProposerContext
+from speculant.spec.registry import create_proposer
+from speculant.utils.sync import to_list
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, checkpoint=None) -> None:
+        self.config = config
+        self.device = torch.device(config.model.device)
+        self.target, self.tokenizer = load_target(config, checkpoint)
+        self.arch = self.target.arch
+        self.generator = torch.Generator().manual_seed(config.model.seed)
+        self.proposer = create_proposer(
+            ProposerContext(config.spec, config.model, self.target, self.device, self.generator)
+        )
+        self.num_pages = self._allocate_cache()
+        self.pages = PageTables(PageAllocator(self.num_pages), config.cache.page_size)
+        self.proposer.bind(self.pages)
+        self.scheduler = Scheduler(config.scheduler, self.pages, self.proposer.lookahead_slots, self.proposer.release)
+        self.outputs = OutputProcessor(self.tokenizer, self.arch.max_position)
+        self.requests: dict[str, Request] = {}
+        self.stats = EngineStats()
+        self.stop_token_ids = _stop_token_ids(self.tokenizer, self.arch)
+        self._ids = itertools.count()
+
+    def _allocate_cache(self) -> int:
+        """Pages from the byte budget, counting every model's K/V bytes per page."""
+        cache = self.config.cache
+        runners = [self.target] + self.proposer.runners
+        per_page = sum(r.kv_bytes_per_page(cache.page_size) for r in runners)
+        num_pages = cache.num_pages or max(1, cache.kv_cache_bytes // per_page)
+        for runner in runners:
+            runner.allocate_kv(num_pages, cache.page_size)
+        return num_pages
+
+    # ---- requests -------------------------------------------------------------------------
+
+    def add_request(
+        self, prompt: str | list[int], params: SamplingParams | None = None, request_id: str | None = None
+    ) -> Request:
+        params = params or SamplingParams()
+        request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if request_id in self.requests:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        token_ids = self._tokenize(prompt)
+        request = Request(request_id, token_ids, params, stop_token_ids=self.stop_token_ids | set(params.stop_token_ids))
+        if params.seed is not None:
+            request.generator = torch.Generator().manual_seed(params.seed)
+        self._check_fits(request)
+        self.scheduler.add(request)
+        self.requests[request_id] = request
+        return request
+
+    def _tokenize(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt must not be empty")
+            if self.tokenizer is None:
+                raise ValueError("prompt: this model has no tokenizer; pass token ids")
+            token_ids = self.tokenizer.encode(prompt, add_special_tokens=True)
+        else:
+            token_ids = [int(t) for t in prompt]
+        if not token_ids:
+            raise ValueError("prompt must not be empty")
+        bad = [t for t in token_ids if not 0 <= t < self.arch.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token ids must be in [0, {self.arch.vocab_size}), got {bad[:5]}")
+        return token_ids
+
+    def _check_fits(self, request: Request) -> None:
+        n, limit = request.num_prompt_tokens, self.arch.max_position
+        if n >= limit:
+            raise ValueError(f"prompt is {n} tokens, longer than the model's context of {limit} (leave room for one output token)")
+        slots = n + 1 + self.proposer.lookahead_slots(request)
+        if self.pages.pages_for(slots) > self.num_pages:
+            raise ValueError(f"prompt needs {self.pages.pages_for(slots)} KV pages, the cache has {self.num_pages}")
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return None
+        request.status = RequestStatus.FINISHED_ABORTED
+        self._retire(request)
+        self.stats.record_finish(request)
+        return self.outputs.make_output(request, [])
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work
+
+    # ---- one step -------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        batch = self.scheduler.schedule()
+        if not batch.seqs:
+            return []
+        with self.stats.timed_step(batch):
+            if self.proposer.speculates(batch):
+                proposal = self.proposer.propose(batch)
+                step_out, hidden = self._verify_and_accept(batch, proposal)
+            else:
+                step_out, hidden = self._forward_and_sample(batch)
+            return self._commit(batch, step_out, hidden)
+
+    def _forward_and_sample(self, batch: Batch) -> tuple[StepOutput, torch.Tensor]:
+        inputs = [
+            SeqInput(
+                token_ids=s.request.all_token_ids[s.request.num_computed_tokens : s.request.num_computed_tokens + s.num_new_tokens],
+                kv_start=s.request.num_computed_tokens,
+                page_table=self.pages.table(s.request.request_id),
+                logits="last" if s.samples else "none",
+            )
+            for s in batch.seqs
+        ]
+        logits, hidden = self.target.forward(build_forward_batch(inputs, self.pages.page_size))
+        samples = [s.samples for s in batch.seqs]
+        sampling = [s.request for s in batch.seqs if s.samples]
+        tokens = iter(to_list(self._sample(logits, sampling)) if sampling else [])
+        emitted = [[next(tokens)] if sampled else [] for sampled in samples]
+        logprobs = self._logprobs(logits, [t for e in emitted for t in e], sampling)
+        for s in batch.seqs:
+            s.request.num_computed_tokens += s.num_new_tokens
+        per_seq_lp = self._split_logprobs(batch, emitted, logprobs)
+        return StepOutput(emitted, per_seq_lp), hidden
+
+    def _sample(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        st = SamplingTensors.from_params([r.params for r in requests], logits.device)
+        return sample(processed_probs(logits, st), [r.generator for r in requests], self.generator)
+
+    def _verify_and_accept(self, batch: Batch, proposal: DraftProposal) -> tuple[StepOutput, torch.Tensor]:
+        drafts = to_list(proposal.token_ids)
+        inputs = [
+            SeqInput(
+                token_ids=[r.all_token_ids[-1]] + drafts[b][: proposal.num_tokens[b]],
+                kv_start=r.num_computed_tokens,
+                page_table=self.pages.table(r.request_id),
+                logits="all",
+            )
+            for b, r in enumerate(batch.requests)
+        ]
+        logits, hidden = self.target.forward(build_forward_batch(inputs, self.pages.page_size))
+        target_probs = self._padded_target_probs(batch, proposal, logits)
+        result = accept_drafts(
+            proposal.token_ids, torch.tensor(proposal.num_tokens), proposal.draft_probs, target_probs,
+            [r.generator for r in batch.requests], self.generator,
+        )
+        num_emitted, num_accepted = to_list(result.num_emitted), to_list(result.num_accepted)
+        tokens = to_list(result.token_ids)
+        emitted = [tokens[b][: num_emitted[b]] for b in range(len(batch))]
+        for b, r in enumerate(batch.requests):
+            r.num_computed_tokens += 1 + num_accepted[b]
+            r.spec.record(proposal.num_tokens[b], num_accepted[b])
+            self.stats.spec.record(proposal.num_tokens[b], num_accepted[b])
+        flat = [t for b, e in enumerate(emitted) for t in e]
+        rows = [inputs_start + j for inputs_start, e in zip(_starts(proposal.num_tokens), emitted) for j in range(len(e))]
+        logprobs = self._logprobs(logits[rows], flat, batch.requests)
+        return StepOutput(emitted, self._split_logprobs(batch, emitted, logprobs)), hidden
+
+    def _padded_target_probs(self, batch: Batch, proposal: DraftProposal, logits: torch.Tensor) -> torch.Tensor:
+        counts = [k + 1 for k in proposal.num_tokens]
+        st = SamplingTensors.from_params([r.params for r in batch.requests], logits.device).repeat_interleave(counts)
+        probs = processed_probs(logits, st)  # [sum(k_b + 1), V]
+        k_max = proposal.token_ids.shape[1]
+        padded = probs.new_zeros(len(batch), k_max + 1, probs.shape[-1])
+        rows = torch.tensor([b * (k_max + 1) + j for b, c in enumerate(counts) for j in range(c)])
+        padded.view(-1, probs.shape[-1])[rows] = probs
+        return padded
+
+    def _logprobs(self, logits: torch.Tensor, tokens: list[int], requests: list[Request]) -> list[float] | None:
+        if not tokens or not any(r.params.logprobs for r in requests):
+            return None
+        return to_list(token_logprobs(logits, torch.tensor(tokens)))
+
+    @staticmethod
+    def _split_logprobs(batch: Batch, emitted: list[list[int]], flat: list[float] | None):
+        if flat is None:
+            return None
+        out, i = [], 0
+        for e in emitted:
+            out.append(flat[i : i + len(e)])
+            i += len(e)
+        return out
+
+    # ---- commit ---------------------------------------------------------------------------
+
+    def _commit(self, batch: Batch, step_out: StepOutput, hidden: torch.Tensor) -> list[RequestOutput]:
+        appended = []
+        for b, r in enumerate(batch.requests):
+            lp = step_out.logprobs[b] if step_out.logprobs is not None else None
+            new = self.outputs.append(r, step_out.token_ids[b], lp)
+            if new:
+                r.spec.target_forwards += 1
+                r.spec.emitted_tokens += len(new)
+                self.stats.record_tokens(len(new))
+            appended.append(new)
+        self.proposer.on_commit(batch, hidden)
+        outputs = []
+        for r, new in zip(batch.requests, appended):
+            out = self.outputs.make_output(r, new)  # may finish r on a stop string
+            if r.finished:
+                self.requests.pop(r.request_id, None)
+                self._retire(r)
+                self.stats.record_finish(r)
+            else:
+                self.pages.shrink(r.request_id, r.num_tokens)  # rejected drafts' pages go back
+            outputs.append(out)
+        return outputs
+
+    def _retire(self, request: Request) -> None:
+        self.scheduler.remove(request)
+        self.proposer.release(request)
+
+
+def _starts(num_drafts: list[int]) -> list[int]:
+    starts, acc = [], 0
+    for k in num_drafts:
+        starts.append(acc)
+        acc += k + 1
+    return starts
+
+
+def _stop_token_ids(tokenizer, arch) -> frozenset[int]:
+    ids = {arch.eos_token_id} if arch.eos_token_id is not None else set()
+    if tokenizer is not None:
+        if tokenizer.eos_token_id is not None:
+            ids.add(tokenizer.eos_token_id)
+        vocab = tokenizer.get_vocab()
+        ids |= {vocab[t] for t in ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>") if t in vocab}
+    return frozenset(ids)

@@ -1,0 +1,31 @@
+"""Build model runners from checkpoints (the target's, and any draft model's)."""
+
+from __future__ import annotations
+
+import torch
+
+from speculant.attention.registry import create_backend
+from speculant.config import EngineConfig, ModelConfig
+from speculant.engine.model_runner import ModelRunner
+from speculant.models.registry import create_model
+
+
+def build_runner(checkpoint, model_config: ModelConfig) -> ModelRunner:
+    device, dtype = torch.device(model_config.device), model_config.torch_dtype
+    model = create_model(checkpoint.arch, device, dtype)
+    model.load_weights(checkpoint.weights)
+    backend = create_backend(model_config.attention_backend, device)
+    return ModelRunner(model, backend, device, dtype)
+
+
+def load_checkpoint_for(name: str, model_config: ModelConfig):
+    from speculant.loader import load_checkpoint
+
+    return load_checkpoint(name, dtype=model_config.torch_dtype)
+
+
+def load_target(config: EngineConfig, checkpoint=None):
+    """(runner, tokenizer) for the target; `checkpoint` skips loading (tests pass tiny models)."""
+    checkpoint = checkpoint or load_checkpoint_for(config.model.model, config.model)
+    runner = build_runner(checkpoint, config.model)
+    return runner, checkpoint.tokenizer

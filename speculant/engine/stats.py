@@ -1,0 +1,64 @@
+"""Engine-wide counters: requests, tokens, steps, time, and speculation."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from speculant.core import Batch, Request, SpecStats
+
+
+@dataclass
+class EngineStats:
+    spec: SpecStats = field(default_factory=SpecStats)
+    finished: Counter = field(default_factory=Counter)  # finish reason -> requests
+    generated_tokens: int = 0
+    prompt_tokens: int = 0
+    steps: int = 0
+    speculative_steps: int = 0
+    preemptions: int = 0
+    busy_s: float = 0.0  # time spent inside steps
+    ttft_s: list[float] = field(default_factory=list)
+
+    @contextmanager
+    def timed_step(self, batch: Batch):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.busy_s += time.perf_counter() - start
+            self.steps += 1
+
+    def record_tokens(self, n: int) -> None:
+        self.generated_tokens += n
+        self.spec.target_forwards += 1
+        self.spec.emitted_tokens += n
+
+    def record_finish(self, request: Request) -> None:
+        self.finished[request.status.value] += 1
+        self.prompt_tokens += request.num_prompt_tokens
+        self.preemptions += request.num_preemptions
+        if request.first_token_time is not None:
+            self.ttft_s.append(request.first_token_time - request.arrival_time)
+
+    def as_dict(self) -> dict:
+        s = self.spec
+        return {
+            "requests_finished": dict(self.finished),
+            "prompt_tokens": self.prompt_tokens,
+            "generated_tokens": self.generated_tokens,
+            "steps": self.steps,
+            "busy_s": self.busy_s,
+            "tokens_per_s": self.generated_tokens / self.busy_s if self.busy_s else 0.0,
+            "mean_ttft_s": sum(self.ttft_s) / len(self.ttft_s) if self.ttft_s else 0.0,
+            "preemptions": self.preemptions,
+            "target_forwards": s.target_forwards,
+            "tau": s.tau,
+            "draft_steps": s.draft_steps,
+            "draft_tokens": s.draft_tokens,
+            "accepted_tokens": s.accepted_tokens,
+            "acceptance_rate": s.acceptance_rate,
+            "acceptance_by_position": s.acceptance_by_position,
+        }

@@ -1,0 +1,55 @@
+"""Rotary position embeddings (Su et al. 2021) in the Hugging Face "rotate half" layout."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from speculant.config import ArchConfig, RopeScaling
+
+
+def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:  # [D/2]
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    if scaling.kind == "llama3":
+        inv_freq = _llama3_scale(inv_freq, scaling)
+    elif scaling.kind == "linear":
+        inv_freq = inv_freq / scaling.factor
+    elif scaling.kind not in ("none", "default"):
+        raise ValueError(f"rope scaling {scaling.kind!r} is not supported")
+    return inv_freq.float()
+
+
+def _llama3_scale(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
+    """Llama 3.1's frequency-dependent scaling: long wavelengths slowed, short kept, smooth between."""
+    low_wavelen = s.original_max_position / s.low_freq_factor
+    high_wavelen = s.original_max_position / s.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (s.original_max_position / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+    blended = (1 - smooth) * inv_freq / s.factor + smooth * inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
+    middle = (wavelen <= low_wavelen) & (wavelen >= high_wavelen)
+    return torch.where(middle, blended, scaled)
+
+
+class RotaryEmbedding:
+    """Holds cos/sin tables for every position; `lookup` gathers them once per forward."""
+
+    def __init__(self, arch: ArchConfig, device: torch.device, dtype: torch.dtype) -> None:
+        inv_freq = inverse_frequencies(arch.head_dim, arch.rope_theta, arch.rope_scaling)
+        positions = torch.arange(arch.max_position, dtype=torch.float32)
+        freqs = torch.outer(positions, inv_freq)  # [P, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [P, D]
+        self.cos = emb.cos().to(device=device, dtype=dtype)
+        self.sin = emb.sin().to(device=device, dtype=dtype)
+
+    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin: [T, 1, D] for positions [T]."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, H, D] (q and k heads may be stacked along H); cos, sin: [T, 1, D]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin

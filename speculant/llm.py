@@ -1,0 +1,112 @@
+"""The offline Python API: `LLM(model=...).generate(prompts, SamplingParams(...))`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from tqdm import tqdm
+
+from speculant.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpecConfig
+from speculant.core import RequestOutput
+from speculant.engine.engine import Engine
+from speculant.sampling.params import SamplingParams
+
+Prompt = str | list[int]
+
+
+class LLM:
+    def __init__(
+        self,
+        model: str = "smollm2-135m",
+        *,
+        dtype: str = "float32",
+        device: str = "cpu",
+        attention_backend: str = "auto",
+        seed: int = 0,
+        speculative: str | None = None,
+        draft_model: str | None = None,
+        num_draft_tokens: int = 4,
+        draft_sampling: str = "greedy",
+        page_size: int = 16,
+        kv_cache_bytes: int = 1 << 30,
+        num_pages: int | None = None,
+        max_num_seqs: int = 64,
+        max_num_batched_tokens: int = 512,
+        config: EngineConfig | None = None,
+        checkpoint=None,
+    ) -> None:
+        self.config = config or EngineConfig(
+            model=ModelConfig(model=model, dtype=dtype, device=device, attention_backend=attention_backend, seed=seed),
+            cache=CacheConfig(page_size=page_size, kv_cache_bytes=kv_cache_bytes, num_pages=num_pages),
+            scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens),
+            spec=SpecConfig(
+                method=speculative or "none",
+                draft_model=draft_model,
+                num_draft_tokens=num_draft_tokens,
+                draft_sampling=draft_sampling,
+            ),
+        )
+        self.engine = Engine(self.config, checkpoint=checkpoint)
+        self.tokenizer = self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """One finished output per prompt, in prompt order."""
+        prompts = _as_list(prompts)
+        params_list = list(params) if isinstance(params, Sequence) else [params or SamplingParams()] * len(prompts)
+        if len(params_list) != len(prompts):
+            raise ValueError(f"params: got {len(params_list)} for {len(prompts)} prompts")
+        ids = [self.engine.add_request(p, sp).request_id for p, sp in zip(prompts, params_list)]
+        done: dict[str, RequestOutput] = {}
+        with tqdm(total=len(ids), disable=not use_tqdm, desc="generate") as bar:
+            while len(done) < len(ids):
+                for out in self.engine.step():
+                    if out.finished:
+                        done[out.request_id] = out
+                        bar.update(1)
+        return [done[i] for i in ids]
+
+    def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[RequestOutput]:
+        """Yield this request's output after every step that adds to it, the last one finished."""
+        request_id = self.engine.add_request(prompt, params).request_id
+        try:
+            while True:
+                for out in self.engine.step():
+                    if out.request_id == request_id and (out.new_token_ids or out.finished):
+                        yield out
+                        if out.finished:
+                            return
+        finally:
+            self.engine.abort_request(request_id)
+
+    def chat(
+        self, messages: list[dict] | list[list[dict]], params: SamplingParams | None = None
+    ) -> list[RequestOutput]:
+        conversations = messages if messages and isinstance(messages[0], list) else [messages]
+        return self.generate([self.apply_chat_template(c) for c in conversations], params)
+
+    def apply_chat_template(self, messages: list[dict]) -> list[int]:
+        if not messages:
+            raise ValueError("messages must not be empty")
+        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError("this model has no chat template")
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def stats(self) -> dict:
+        stats = self.engine.stats.as_dict()
+        stats["kv_pages_total"] = self.engine.num_pages
+        stats["kv_pages_used"] = self.engine.pages.allocator.num_used
+        return stats
+
+
+def _as_list(prompts) -> list[Prompt]:
+    if isinstance(prompts, str):
+        return [prompts]
+    if isinstance(prompts, list) and prompts and isinstance(prompts[0], int):
+        return [prompts]
+    return list(prompts)

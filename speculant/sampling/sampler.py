@@ -1,0 +1,142 @@
+"""From logits to the distribution a request samples from, and from there to tokens.
+
+Pure functions over a batch whose rows may each carry different sampling parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from speculant.sampling.params import SamplingParams
+from speculant.sampling.rng import sample_from_weights
+
+
+@dataclass
+class SamplingTensors:
+    """Per-row sampling parameters. The bool flags let `processed_probs` skip unused stages
+    without a device sync; True is always safe (just slower)."""
+
+    temperature: torch.Tensor  # [N] float32; ignored where greedy
+    top_k: torch.Tensor  # [N] int64, 0 disables
+    top_p: torch.Tensor  # [N] float32 in (0, 1], 1 disables
+    min_p: torch.Tensor  # [N] float32 in [0, 1], 0 disables
+    greedy: torch.Tensor  # [N] bool
+    needs_sort: bool = True  # some row uses top-k or top-p
+    needs_min_p: bool = True  # some row uses min-p
+    any_greedy: bool = True  # some row is greedy
+
+    @classmethod
+    def from_params(
+        cls, params: Sequence[SamplingParams], device: torch.device | str = "cpu"
+    ) -> SamplingTensors:
+        def column(values: list, dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype).to(device)
+
+        sampled = [p for p in params if not p.greedy]
+        return cls(
+            temperature=column([p.temperature for p in params], torch.float32),
+            top_k=column([p.top_k for p in params], torch.int64),
+            top_p=column([p.top_p for p in params], torch.float32),
+            min_p=column([p.min_p for p in params], torch.float32),
+            greedy=column([p.greedy for p in params], torch.bool),
+            needs_sort=any(p.top_k > 0 or p.top_p < 1.0 for p in sampled),
+            needs_min_p=any(p.min_p > 0.0 for p in sampled),
+            any_greedy=len(sampled) < len(params),
+        )
+
+    def repeat_interleave(self, counts: torch.Tensor | Sequence[int]) -> SamplingTensors:
+        """Row b repeated counts[b] times, e.g. once per verified position (k_b + 1)."""
+        counts = torch.as_tensor(counts, dtype=torch.int64, device=self.temperature.device)
+        return SamplingTensors(
+            temperature=self.temperature.repeat_interleave(counts),
+            top_k=self.top_k.repeat_interleave(counts),
+            top_p=self.top_p.repeat_interleave(counts),
+            min_p=self.min_p.repeat_interleave(counts),
+            greedy=self.greedy.repeat_interleave(counts),
+            needs_sort=self.needs_sort,
+            needs_min_p=self.needs_min_p,
+            any_greedy=self.any_greedy,
+        )
+
+    def __len__(self) -> int:
+        return self.temperature.shape[0]
+
+
+def processed_probs(
+    logits: torch.Tensor,  # [N, V]
+    st: SamplingTensors,  # N rows
+) -> torch.Tensor:  # [N, V] float32, rows sum to 1
+    """Temperature, then top-k, then top-p, then min-p, renormalized; greedy rows are one-hot.
+
+    Top-k keeps exactly k tokens and top-p the smallest prefix of the descending order whose mass
+    reaches top_p (always the top token); ties in that order go to the lower token id. Top-p is
+    measured on the top-k distribution. Min-p drops tokens with p < min_p * max(p).
+    """
+    logits = logits.float()
+    temperature = torch.where(st.greedy, torch.ones_like(st.temperature), st.temperature)
+    scaled = logits / temperature[:, None]
+    if st.needs_sort:
+        scaled = _mask_top_k_top_p(scaled, st.top_k, st.top_p)
+    probs = scaled.softmax(-1)
+    if st.needs_min_p:
+        probs = _apply_min_p(probs, st.min_p)
+    if st.any_greedy:
+        probs = torch.where(st.greedy[:, None], _one_hot_argmax(logits), probs)
+    return probs
+
+
+def sample(
+    probs: torch.Tensor,  # [N, V]
+    generators: Sequence[torch.Generator | None] | None = None,  # [N]; None: all rows default
+    default_generator: torch.Generator | None = None,
+) -> torch.Tensor:  # [N] int64
+    """One token per row. One-hot rows (greedy) return their token whatever the noise."""
+    return sample_from_weights(probs, generators, default_generator)
+
+
+def token_logprobs(
+    logits: torch.Tensor,  # [N, V] raw, before temperature and truncation
+    token_ids: torch.Tensor,  # [N] int64
+) -> torch.Tensor:  # [N] float32
+    """log softmax(logits)[token]: the logprob reported for each emitted token (OpenAI style)."""
+    logits = logits.float()
+    chosen = logits.gather(-1, token_ids[:, None].long()).squeeze(-1)
+    return chosen - logits.logsumexp(-1)
+
+
+def _mask_top_k_top_p(
+    scaled: torch.Tensor,  # [N, V]
+    top_k: torch.Tensor,  # [N] int64
+    top_p: torch.Tensor,  # [N] float32
+) -> torch.Tensor:  # [N, V], dropped tokens at -inf
+    vocab = scaled.shape[-1]
+    sorted_logits, order = scaled.sort(dim=-1, descending=True, stable=True)
+    rank = torch.arange(vocab, device=scaled.device)
+    k = torch.where(top_k > 0, top_k, vocab)
+    drop_sorted = rank[None, :] >= k[:, None]
+    sorted_probs = sorted_logits.masked_fill(drop_sorted, float("-inf")).softmax(-1)
+    mass_before = sorted_probs.cumsum(-1) - sorted_probs
+    # Rows at top_p == 1 skip the test: float cumsums can pass 1 before the tail.
+    drop_sorted |= (mass_before >= top_p[:, None]) & (top_p < 1.0)[:, None]
+    drop = torch.empty_like(drop_sorted).scatter_(-1, order, drop_sorted)
+    return scaled.masked_fill(drop, float("-inf"))
+
+
+def _apply_min_p(
+    probs: torch.Tensor,  # [N, V]
+    min_p: torch.Tensor,  # [N]
+) -> torch.Tensor:  # [N, V]
+    threshold = min_p[:, None] * probs.amax(-1, keepdim=True)
+    kept = probs.masked_fill(probs < threshold, 0.0)
+    return kept / kept.sum(-1, keepdim=True)
+
+
+def _one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:  # [N, V] -> [N, V] float32
+    one_hot = torch.zeros_like(logits, dtype=torch.float32)
+    return one_hot.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+
+
+__all__ = ["SamplingTensors", "processed_probs", "sample", "token_logprobs"]

@@ -1,0 +1,3 @@
+from speculant.scheduler.scheduler import QueueFull, Scheduler
+
+__all__ = ["QueueFull", "Scheduler"]

@@ -1,0 +1,106 @@
+"""Continuous batching: FCFS admission by free pages, chunked prefill, preemption by recompute.
+
+Each step the scheduler fills a token budget: running decodes first (each needs its last token
+plus the proposer's lookahead slots), then unfinished prefill chunks, then waiting requests in
+arrival order. When pages run out, the most recently arrived running request is preempted: its
+pages go back and it re-enters the queue's head to be recomputed from prompt + output so far.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+from speculant.config import SchedulerConfig
+from speculant.core import Batch, Request, RequestStatus, ScheduledSeq
+from speculant.kv_cache.allocator import PageTables
+
+
+class QueueFull(RuntimeError):
+    """The waiting queue is at `max_waiting`; the caller should retry later."""
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        pages: PageTables,
+        lookahead: Callable[[Request], int],  # extra KV slots a sampling step may write
+        on_preempt: Callable[[Request], None] = lambda r: None,
+    ) -> None:
+        self.config, self.pages, self.lookahead, self.on_preempt = config, pages, lookahead, on_preempt
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+
+    def add(self, request: Request) -> None:
+        if len(self.waiting) >= self.config.max_waiting:
+            raise QueueFull(f"waiting queue is full ({self.config.max_waiting} requests)")
+        self.waiting.append(request)
+
+    def remove(self, request: Request) -> None:
+        """Forget a finished or aborted request and return its pages."""
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self.pages.release(request.request_id)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> Batch:
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[ScheduledSeq] = []
+        for request in sorted(self.running, key=lambda r: r.is_prefill):  # decodes first, stable FCFS
+            if request not in self.running:
+                continue  # preempted while making room for an older request
+            num_new = self._num_new_tokens(request, budget)
+            if num_new == 0 or not self._reserve(request, num_new):
+                continue
+            scheduled.append(ScheduledSeq(request, num_new))
+            budget -= num_new
+        self._admit(scheduled, budget)
+        return Batch(scheduled)
+
+    def _num_new_tokens(self, request: Request, budget: int) -> int:
+        remaining = request.num_tokens - request.num_computed_tokens
+        if not request.is_prefill:
+            return remaining if remaining <= budget else 0
+        return min(remaining, budget)
+
+    def _slots_needed(self, request: Request, num_new: int) -> int:
+        end = request.num_computed_tokens + num_new
+        return end + self.lookahead(request) if end == request.num_tokens else end
+
+    def _reserve(self, request: Request, num_new: int) -> bool:
+        """Make `request`'s pages cover this step, preempting younger requests if needed."""
+        slots = self._slots_needed(request, num_new)
+        while not self.pages.ensure(request.request_id, slots):
+            victim = self.running[-1]
+            self._preempt(victim)
+            if victim is request:
+                return False
+        return True
+
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self.pages.release(request.request_id)
+        request.status = RequestStatus.WAITING
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.waiting.appendleft(request)
+        self.on_preempt(request)
+
+    def _admit(self, scheduled: list[ScheduledSeq], budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if not self.pages.ensure(request.request_id, self._slots_needed(request, num_new)):
+                break  # FCFS: nobody overtakes the head of the queue
+            self.waiting.popleft()
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            self.running.sort(key=lambda r: r.arrival_time)  # preemption picks the youngest
+            scheduled.append(ScheduledSeq(request, num_new))
+            budget -= num_new

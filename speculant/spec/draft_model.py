@@ -1,0 +1,91 @@
+"""Draft-target speculation: a small LLM proposes k tokens, tightly coupled with the target.
+
+The draft shares the engine's scheduler and page tables (its K/V lives in the same pages) and
+stays one token ahead of the target: after every step it is fed the tokens it has not seen (the
+prefill chunk and the sampled token, or the bonus/recovered token after verification), and the
+logits of that run are carried into the next step to give the first draft token without another
+draft forward (the Sonar speculation design). Drafts are the draft's argmax (a one-hot q) or
+samples from its processed distribution.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from speculant.attention.batch import SeqInput, build_forward_batch
+from speculant.core import Batch, DraftProposal, Request
+from speculant.engine.loading import build_runner, load_checkpoint_for
+from speculant.engine.model_runner import ModelRunner
+from speculant.sampling.sampler import SamplingTensors, processed_probs, sample
+from speculant.spec.base import Proposer, ProposerContext
+
+
+class DraftModelProposer(Proposer):
+    def __init__(self, ctx: ProposerContext, checkpoint=None) -> None:
+        super().__init__(ctx)
+        checkpoint = checkpoint or load_checkpoint_for(ctx.spec.draft_model, ctx.model)
+        target_vocab, draft_vocab = ctx.target.arch.vocab_size, checkpoint.arch.vocab_size
+        if draft_vocab != target_vocab:
+            raise ValueError(
+                f"draft_model {ctx.spec.draft_model!r} has a vocabulary of {draft_vocab} tokens, "
+                f"the target {target_vocab}: draft and target must share a vocabulary"
+            )
+        self.runner: ModelRunner = build_runner(checkpoint, ctx.model)
+        self.computed: dict[str, int] = {}  # draft KV length per request
+        self.carried: dict[str, torch.Tensor] = {}  # [V] draft logits for the next token
+
+    @property
+    def runners(self) -> list[ModelRunner]:
+        return [self.runner]
+
+    def release(self, request: Request) -> None:
+        self.computed.pop(request.request_id, None)
+        self.carried.pop(request.request_id, None)
+
+    def on_commit(self, batch: Batch, hidden: torch.Tensor | None) -> None:
+        """Feed the draft every token it lacks; rejected drafts' KV is dropped by the min()."""
+        feeds = []
+        for r in batch.requests:
+            if r.finished:
+                continue
+            valid = min(self.computed.get(r.request_id, 0), r.num_tokens - 1)  # drafted KV past this was rejected
+            end = r.num_tokens if r.num_computed_tokens >= r.num_tokens - 1 else r.num_computed_tokens
+            if end > valid:
+                feeds.append((r, r.all_token_ids[valid:end], valid))
+        if feeds:
+            self._feed(feeds)
+
+    def _feed(self, feeds: list[tuple[Request, list[int], int]]) -> torch.Tensor:
+        inputs = [SeqInput(tokens, start, self.pages.table(r.request_id)) for r, tokens, start in feeds]
+        logits, _ = self.runner.forward(build_forward_batch(inputs, self.pages.page_size))
+        for b, (r, tokens, start) in enumerate(feeds):
+            self.computed[r.request_id] = start + len(tokens)
+            self.carried[r.request_id] = logits[b]
+        return logits
+
+    def propose(self, batch: Batch) -> DraftProposal:
+        requests = batch.requests
+        ks = [self.num_draft_tokens(r) for r in requests]
+        k_max = max(ks)
+        tokens = torch.full((len(requests), k_max), -1, dtype=torch.int64)
+        probs = None
+        if self.ctx.spec.draft_sampling == "sample":
+            probs = torch.zeros(len(requests), k_max, self.ctx.target.arch.vocab_size)
+        logits = torch.stack([self.carried[r.request_id] for r in requests])  # [B, V]
+        for j in range(k_max):
+            rows = [b for b, k in enumerate(ks) if k > j]
+            drafted = self._choose(logits[rows], [requests[b] for b in rows], probs, rows, j)
+            tokens[rows, j] = drafted
+            feed_rows = [b for b in rows if ks[b] > j + 1]  # the last draft is never fed here
+            if feed_rows:
+                feeds = [(requests[b], [int(tokens[b, j])], self.computed[requests[b].request_id]) for b in feed_rows]
+                logits[feed_rows] = self._feed(feeds)
+        return DraftProposal(token_ids=tokens, num_tokens=ks, draft_probs=probs)
+
+    def _choose(self, logits: torch.Tensor, requests: list[Request], probs, rows: list[int], j: int) -> torch.Tensor:
+        if probs is None:
+            return logits.argmax(dim=-1)
+        st = SamplingTensors.from_params([r.params for r in requests], logits.device)
+        q = processed_probs(logits, st)  # [len(rows), V]
+        probs[rows, j] = q
+        return sample(q, [r.generator for r in requests], self.ctx.generator)

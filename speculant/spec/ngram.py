@@ -1,0 +1,37 @@
+"""Prompt-lookup decoding: propose what followed the latest earlier match of the sequence's last
+n tokens (n from `ngram_max` down to `ngram_min`). No model, no KV: the draft is one-hot."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from speculant.core import Batch, DraftProposal, Request
+from speculant.spec.base import Proposer, pad_proposals
+
+
+class NgramProposer(Proposer):
+    def propose(self, batch: Batch) -> DraftProposal:
+        spec = self.ctx.spec
+        drafts = [
+            ngram_continuation(np.asarray(r.all_token_ids), self.num_draft_tokens(r), spec.ngram_min, spec.ngram_max)
+            for r in batch.requests
+        ]
+        return pad_proposals(drafts)
+
+    def lookahead_slots(self, request: Request) -> int:
+        return self.num_draft_tokens(request)
+
+
+def ngram_continuation(tokens: np.ndarray, k: int, n_min: int, n_max: int) -> list[int]:
+    """Up to k tokens that followed the most recent earlier occurrence of the longest matching
+    suffix of `tokens` (length n_max down to n_min); [] when nothing matches."""
+    if k <= 0:
+        return []
+    length = len(tokens)
+    for n in range(min(n_max, length - 1), n_min - 1, -1):
+        windows = np.lib.stride_tricks.sliding_window_view(tokens[: length - 1], n)  # [L - n, n]
+        hits = np.flatnonzero((windows == tokens[length - n :]).all(axis=1))
+        if len(hits):
+            start = int(hits[-1]) + n
+            return tokens[start : start + k].tolist()
+    return []

@@ -1,0 +1,91 @@
+"""Shared fixtures: tiny random Hugging Face models that the tests build themselves."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+def tiny_hf_config(kind: str = "llama", vocab_size: int = 256, **overrides):
+    """A small transformers config of the given kind: "llama", "qwen2" (q/k/v bias) or "tied"."""
+    from transformers import LlamaConfig, Qwen2Config
+
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-5,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    common.update(overrides)
+    if kind == "qwen2":
+        return Qwen2Config(tie_word_embeddings=False, rope_theta=10000.0, **common)
+    return LlamaConfig(tie_word_embeddings=(kind == "tied"), **common)
+
+
+def tiny_hf_model(kind: str = "llama", seed: int = 0, **overrides):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_hf_config(kind, **overrides), dtype=torch.float32)
+    with torch.no_grad():  # random init has tiny weights; widen them so logits are not all near-ties
+        for p in model.parameters():
+            p.normal_(0, 0.08 if p.dim() > 1 else 0.3).add_(1.0 if p.dim() == 1 else 0.0)
+    return model.eval()
+
+
+@pytest.fixture(params=["llama", "qwen2", "tied"])
+def tiny_kind(request) -> str:
+    return request.param
+
+
+def arch_of(hf_model):
+    """Our ArchConfig for a tiny transformers model (through the loader's config.json path)."""
+    try:
+        from speculant.loader.hf import arch_from_hf_config
+    except ImportError:
+        arch_from_hf_config = _arch_from_hf_config
+    return arch_from_hf_config(hf_model.config.to_dict())
+
+
+def _arch_from_hf_config(c: dict):
+    from speculant.config import ArchConfig
+
+    return ArchConfig(
+        family=c["model_type"], vocab_size=c["vocab_size"], hidden_size=c["hidden_size"],
+        intermediate_size=c["intermediate_size"], num_layers=c["num_hidden_layers"],
+        num_heads=c["num_attention_heads"], num_kv_heads=c["num_key_value_heads"],
+        head_dim=c["hidden_size"] // c["num_attention_heads"], rms_norm_eps=c["rms_norm_eps"],
+        rope_theta=c["rope_parameters"]["rope_theta"], max_position=c["max_position_embeddings"],
+        tie_word_embeddings=c["tie_word_embeddings"], attention_bias=c["model_type"] == "qwen2",
+        bos_token_id=c["bos_token_id"], eos_token_id=c["eos_token_id"],
+    )
+
+
+class TinyCheckpoint:
+    """What `speculant.loader.load_checkpoint` returns, for a model built in the test."""
+
+    def __init__(self, hf_model, tokenizer=None):
+        self.arch = arch_of(hf_model)
+        self.weights = {k: v.detach().clone() for k, v in hf_model.state_dict().items()}
+        self.tokenizer = tokenizer
+        self.path = None
+
+
+def tiny_llm(hf_model, **kwargs):
+    """An LLM over a tiny model, with a small page size so sequences span several pages."""
+    from speculant import LLM
+
+    kwargs.setdefault("page_size", 4)
+    kwargs.setdefault("num_pages", 256)
+    return LLM(model="tiny", checkpoint=TinyCheckpoint(hf_model), **kwargs)
