@@ -61,8 +61,11 @@ class SpecStats:
 
     @property
     def tau(self) -> float:
-        """Mean tokens emitted per target forward, bonus included."""
-        return self.emitted_tokens / self.target_forwards if self.target_forwards else 0.0
+        """Mean tokens emitted per verifying target forward, bonus included (before any cut by
+        max_tokens or a stop); 1.0 without speculation."""
+        if self.draft_steps == 0:
+            return 1.0 if self.target_forwards else 0.0
+        return 1.0 + self.accepted_tokens / self.draft_steps
 
     @property
     def acceptance_rate(self) -> float:

@@ -34,6 +34,7 @@ class LLM:
         max_num_batched_tokens: int = 512,
         config: EngineConfig | None = None,
         checkpoint=None,
+        draft_checkpoint=None,
     ) -> None:
         self.config = config or EngineConfig(
             model=ModelConfig(model=model, dtype=dtype, device=device, attention_backend=attention_backend, seed=seed),
@@ -46,7 +47,7 @@ class LLM:
                 draft_sampling=draft_sampling,
             ),
         )
-        self.engine = Engine(self.config, checkpoint=checkpoint)
+        self.engine = Engine(self.config, checkpoint=checkpoint, draft_checkpoint=draft_checkpoint)
         self.tokenizer = self.engine.tokenizer
 
     def generate(
@@ -60,15 +61,28 @@ class LLM:
         params_list = list(params) if isinstance(params, Sequence) else [params or SamplingParams()] * len(prompts)
         if len(params_list) != len(prompts):
             raise ValueError(f"params: got {len(params_list)} for {len(prompts)} prompts")
-        ids = [self.engine.add_request(p, sp).request_id for p, sp in zip(prompts, params_list)]
+        for p, sp in zip(prompts, params_list):  # validate everything before running anything
+            self.engine.check_request(p, sp)
+        pending = iter(zip(prompts, params_list))
+        ids: list[str] = []
         done: dict[str, RequestOutput] = {}
-        with tqdm(total=len(ids), disable=not use_tqdm, desc="generate") as bar:
-            while len(done) < len(ids):
+        with tqdm(total=len(prompts), disable=not use_tqdm, desc="generate") as bar:
+            while len(done) < len(prompts):
+                self._fill_queue(pending, ids)
                 for out in self.engine.step():
                     if out.finished:
                         done[out.request_id] = out
                         bar.update(1)
         return [done[i] for i in ids]
+
+    def _fill_queue(self, pending, ids: list[str]) -> None:
+        """Add requests while the waiting queue has room (it is bounded for servers)."""
+        room = self.config.scheduler.max_waiting - len(self.engine.scheduler.waiting)
+        for _ in range(room):
+            item = next(pending, None)
+            if item is None:
+                return
+            ids.append(self.engine.add_request(*item).request_id)
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[RequestOutput]:
         """Yield this request's output after every step that adds to it, the last one finished."""
@@ -90,18 +104,26 @@ class LLM:
         return self.generate([self.apply_chat_template(c) for c in conversations], params)
 
     def apply_chat_template(self, messages: list[dict]) -> list[int]:
-        if not messages:
-            raise ValueError("messages must not be empty")
-        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
-            raise ValueError("this model has no chat template")
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return chat_prompt_ids(self.tokenizer, messages)
 
     def stats(self) -> dict:
         stats = self.engine.stats.as_dict()
         stats["kv_pages_total"] = self.engine.num_pages
         stats["kv_pages_used"] = self.engine.pages.allocator.num_used
         return stats
+
+
+def chat_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """Token ids of a conversation under the model's chat template, ready for the reply.
+
+    Shared by `LLM.chat` and the server so both build exactly the same prompt.
+    """
+    if not messages:
+        raise ValueError("messages must not be empty")
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        raise ValueError("messages: this model has no chat template")
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer.encode(text, add_special_tokens=False)
 
 
 def _as_list(prompts) -> list[Prompt]:

@@ -82,10 +82,35 @@ class TinyCheckpoint:
         self.path = None
 
 
-def tiny_llm(hf_model, **kwargs):
-    """An LLM over a tiny model, with a small page size so sequences span several pages."""
+def tiny_llm(hf_model, draft_hf_model=None, **kwargs):
+    """An LLM over a tiny model (and tiny draft), with small pages so sequences span several."""
     from speculant import LLM
 
     kwargs.setdefault("page_size", 4)
     kwargs.setdefault("num_pages", 256)
+    if draft_hf_model is not None:
+        kwargs.setdefault("speculative", "draft")
+        kwargs.setdefault("draft_model", "tiny-draft")
+        kwargs["draft_checkpoint"] = TinyCheckpoint(draft_hf_model)
     return LLM(model="tiny", checkpoint=TinyCheckpoint(hf_model), **kwargs)
+
+
+def chi_square_pvalue(
+    samples: torch.Tensor,  # [n] int64 cell ids
+    probs: torch.Tensor,  # [C] expected cell probabilities
+) -> float:
+    """Pearson goodness of fit; cells expecting < 5 counts are pooled into one; a sample in a
+    zero-probability cell gives 0."""
+    observed = torch.bincount(samples, minlength=probs.numel()).double()
+    expected = probs.double() * samples.numel()
+    impossible = expected == 0
+    if observed[impossible].sum() > 0:
+        return 0.0  # a sample the law forbids
+    small = (expected < 5) & ~impossible
+    observed = torch.cat([observed[~small & ~impossible], observed[small].sum()[None]])
+    expected = torch.cat([expected[~small & ~impossible], expected[small].sum()[None]])
+    if expected[-1] == 0:  # nothing was pooled
+        observed, expected = observed[:-1], expected[:-1]
+    stat = ((observed - expected) ** 2 / expected).sum()
+    dof = torch.tensor((expected.numel() - 1) / 2, dtype=torch.float64)
+    return torch.special.gammaincc(dof, stat / 2).item()  # chi2 survival function

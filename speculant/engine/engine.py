@@ -27,14 +27,14 @@ from speculant.utils.sync import to_list
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, checkpoint=None) -> None:
+    def __init__(self, config: EngineConfig, checkpoint=None, draft_checkpoint=None) -> None:
         self.config = config
         self.device = torch.device(config.model.device)
         self.target, self.tokenizer = load_target(config, checkpoint)
         self.arch = self.target.arch
         self.generator = torch.Generator().manual_seed(config.model.seed)
         self.proposer = create_proposer(
-            ProposerContext(config.spec, config.model, self.target, self.device, self.generator)
+            ProposerContext(config.spec, config.model, self.target, self.device, self.generator, draft_checkpoint)
         )
         self.num_pages = self._allocate_cache()
         self.pages = PageTables(PageAllocator(self.num_pages), config.cache.page_size)
@@ -65,13 +65,18 @@ class Engine:
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        token_ids = self._tokenize(prompt)
-        request = Request(request_id, token_ids, params, stop_token_ids=self.stop_token_ids | set(params.stop_token_ids))
+        request = self.check_request(prompt, params, request_id)
         if params.seed is not None:
             request.generator = torch.Generator().manual_seed(params.seed)
-        self._check_fits(request)
         self.scheduler.add(request)
         self.requests[request_id] = request
+        return request
+
+    def check_request(self, prompt: str | list[int], params: SamplingParams, request_id: str = "") -> Request:
+        """The request `add_request` would queue; raises ValueError naming the bad field."""
+        token_ids = self._tokenize(prompt)
+        request = Request(request_id, token_ids, params, stop_token_ids=self.stop_token_ids | set(params.stop_token_ids))
+        self._check_fits(request)
         return request
 
     def _tokenize(self, prompt: str | list[int]) -> list[int]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -32,6 +32,7 @@ class ProposerContext:
     target: ModelRunner
     device: torch.device
     generator: torch.Generator  # engine-wide default for requests without a seed
+    draft_checkpoint: Any = None  # a loaded draft checkpoint (tests); else spec.draft_model is loaded
 
 
 class Proposer(ABC):

@@ -21,9 +21,9 @@ from speculant.spec.base import Proposer, ProposerContext
 
 
 class DraftModelProposer(Proposer):
-    def __init__(self, ctx: ProposerContext, checkpoint=None) -> None:
+    def __init__(self, ctx: ProposerContext) -> None:
         super().__init__(ctx)
-        checkpoint = checkpoint or load_checkpoint_for(ctx.spec.draft_model, ctx.model)
+        checkpoint = ctx.draft_checkpoint or load_checkpoint_for(ctx.spec.draft_model, ctx.model)
         target_vocab, draft_vocab = ctx.target.arch.vocab_size, checkpoint.arch.vocab_size
         if draft_vocab != target_vocab:
             raise ValueError(
@@ -37,6 +37,10 @@ class DraftModelProposer(Proposer):
     @property
     def runners(self) -> list[ModelRunner]:
         return [self.runner]
+
+    def lookahead_slots(self, request: Request) -> int:
+        """k verified slots, plus the bonus token the draft is fed after a full accept."""
+        return self.num_draft_tokens(request) + 1
 
     def release(self, request: Request) -> None:
         self.computed.pop(request.request_id, None)

@@ -11,6 +11,8 @@ import math
 import pytest
 import torch
 
+from conftest import chi_square_pvalue
+
 from speculant.sampling.acceptance import accept_drafts, pad_ragged
 from speculant.sampling.params import SamplingParams
 from speculant.sampling.sampler import SamplingTensors, processed_probs
@@ -18,22 +20,6 @@ from speculant.sampling.sampler import SamplingTensors, processed_probs
 ALPHA = 1e-3
 VOCAB = 8
 NUM_SAMPLES = 60_000
-
-
-def chi_square_pvalue(
-    samples: torch.Tensor,  # [n] int64 cell ids
-    probs: torch.Tensor,  # [C] expected cell probabilities
-) -> float:
-    """Pearson goodness of fit; cells expecting < 5 counts are pooled into one."""
-    observed = torch.bincount(samples, minlength=probs.numel()).double()
-    expected = probs.double() * samples.numel()
-    small = expected < 5
-    if small.any():
-        observed = torch.cat([observed[~small], observed[small].sum()[None]])
-        expected = torch.cat([expected[~small], expected[small].sum()[None]])
-    stat = ((observed - expected) ** 2 / expected).sum()
-    dof = torch.tensor((expected.numel() - 1) / 2, dtype=torch.float64)
-    return torch.special.gammaincc(dof, stat / 2).item()  # chi2 survival function
 
 
 def _dist(gen: torch.Generator, *shape: int) -> torch.Tensor:  # [*shape, VOCAB]

@@ -1,0 +1,29 @@
+"""Prompt-lookup proposals, and their losslessness on the shared speculation framework."""
+
+from __future__ import annotations
+
+import numpy as np
+from conftest import tiny_hf_model, tiny_llm
+
+from speculant import SamplingParams
+from speculant.spec.ngram import ngram_continuation
+
+
+def test_continuation_of_latest_longest_match():
+    tokens = np.array([1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 1, 2, 3])
+    assert ngram_continuation(tokens, 3, 1, 3) == [7, 8, 5]  # latest match of [1, 2, 3]
+    assert ngram_continuation(tokens, 10, 1, 3) == [7, 8, 5, 1, 2, 3]
+    assert ngram_continuation(np.array([4, 5, 6]), 3, 1, 3) == []
+    assert ngram_continuation(tokens, 0, 1, 3) == []
+
+
+def test_ngram_greedy_equals_plain():
+    model = tiny_hf_model("qwen2")
+    prompts = [[5, 6, 7, 5, 6, 7, 5, 6], list(range(10, 30)) * 2, [3], [8, 8, 8, 8, 8]]
+    params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    plain = tiny_llm(model).generate(prompts, params)
+    llm = tiny_llm(model, speculative="ngram", num_draft_tokens=4)
+    spec = llm.generate(prompts, params)
+    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
+    assert llm.stats()["draft_tokens"] > 0
+    assert llm.stats()["kv_pages_used"] == 0
