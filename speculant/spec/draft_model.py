@@ -18,6 +18,7 @@ from speculant.engine.loading import build_runner, load_checkpoint_for
 from speculant.engine.model_runner import ModelRunner
 from speculant.sampling.sampler import SamplingTensors, processed_probs, sample
 from speculant.spec.base import Proposer, ProposerContext
+from speculant.utils.sync import to_list
 
 
 class DraftModelProposer(Proposer):
@@ -80,10 +81,11 @@ class DraftModelProposer(Proposer):
             rows = [b for b, k in enumerate(ks) if k > j]
             drafted = self._choose(logits[rows], [requests[b] for b in rows], probs, rows, j)
             tokens[rows, j] = drafted
-            feed_rows = [b for b in rows if ks[b] > j + 1]  # the last draft is never fed here
-            if feed_rows:
-                feeds = [(requests[b], [int(tokens[b, j])], self.computed[requests[b].request_id]) for b in feed_rows]
-                logits[feed_rows] = self._feed(feeds)
+            feed = [(b, t) for b, t in zip(rows, to_list(drafted)) if ks[b] > j + 1]  # last draft is not fed
+            if feed:
+                logits[[b for b, _ in feed]] = self._feed(
+                    [(requests[b], [t], self.computed[requests[b].request_id]) for b, t in feed]
+                )
         return DraftProposal(token_ids=tokens, num_tokens=ks, draft_probs=probs)
 
     def _choose(self, logits: torch.Tensor, requests: list[Request], probs, rows: list[int], j: int) -> torch.Tensor:

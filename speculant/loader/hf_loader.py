@@ -1,0 +1,159 @@
+"""Hugging Face checkpoint folders: config.json + safetensors (single file or sharded)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from speculant.config import ArchConfig, RopeScaling
+from speculant.loader.errors import CheckpointError
+from speculant.loader.validate import check_shapes
+
+_FAMILIES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2"}
+_PICKLED = ("*.bin", "*.pt", "*.pth", "*.ckpt")
+_INDEX = "model.safetensors.index.json"
+
+
+def load_hf_config(folder: pathlib.Path) -> ArchConfig:
+    config = _read_json(folder / "config.json")
+    family = _FAMILIES.get(config.get("model_type", ""))
+    if family is None:
+        raise CheckpointError(
+            folder / "config.json", f"unsupported model_type {config.get('model_type')!r}"
+        )
+    hidden, num_heads = config["hidden_size"], config["num_attention_heads"]
+    rope = _rope_parameters(config)
+    return ArchConfig(
+        family=family,
+        vocab_size=config["vocab_size"],
+        hidden_size=hidden,
+        intermediate_size=config["intermediate_size"],
+        num_layers=config["num_hidden_layers"],
+        num_heads=num_heads,
+        num_kv_heads=config.get("num_key_value_heads") or num_heads,
+        head_dim=config.get("head_dim") or hidden // num_heads,
+        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(rope.get("rope_theta", 10000.0)),
+        rope_scaling=_rope_scaling(rope, folder / "config.json"),
+        max_position=config.get("max_position_embeddings", 4096),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        attention_bias=family == "qwen2" or bool(config.get("attention_bias", False)),
+        bos_token_id=_first_id(config.get("bos_token_id")),
+        eos_token_id=_first_id(config.get("eos_token_id")),
+    )
+
+
+def _rope_parameters(config: dict[str, Any]) -> dict[str, Any]:
+    """transformers 5 writes one `rope_parameters` dict; older configs write `rope_theta` and
+    `rope_scaling` side by side. Both become one dict in the newer spelling."""
+    if isinstance(config.get("rope_parameters"), dict):
+        return config["rope_parameters"]
+    merged = dict(config.get("rope_scaling") or {})
+    if "rope_theta" in config:
+        merged["rope_theta"] = config["rope_theta"]
+    return merged
+
+
+def _rope_scaling(rope: dict[str, Any], path: pathlib.Path) -> RopeScaling:
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind == "default":
+        return RopeScaling()
+    if kind != "llama3":
+        raise CheckpointError(
+            path, f"unsupported rope scaling type {kind!r} (supported: default, llama3)"
+        )
+    defaults = RopeScaling(kind="llama3")
+    return RopeScaling(
+        kind="llama3",
+        factor=float(rope.get("factor", defaults.factor)),
+        low_freq_factor=float(rope.get("low_freq_factor", defaults.low_freq_factor)),
+        high_freq_factor=float(rope.get("high_freq_factor", defaults.high_freq_factor)),
+        original_max_position=int(
+            rope.get("original_max_position_embeddings", defaults.original_max_position)
+        ),
+    )
+
+
+def _first_id(value: int | list[int] | None) -> int | None:
+    """Some configs list several EOS ids; the first is the one the model was trained to end with."""
+    if isinstance(value, list):
+        return value[0] if value else None
+    return value
+
+
+def load_hf_weights(
+    folder: pathlib.Path, arch: ArchConfig, dtype: torch.dtype
+) -> dict[str, torch.Tensor]:
+    by_file: dict[pathlib.Path, list[str]] = {}
+    for name, path in _weight_files(folder).items():
+        by_file.setdefault(path, []).append(name)
+    shapes: dict[str, tuple[int, ...]] = {}
+    for path, names in by_file.items():
+        shapes |= _shapes(path, names)
+    wanted = check_shapes(arch, shapes, folder)
+    weights: dict[str, torch.Tensor] = {}
+    for path, names in by_file.items():
+        weights |= _read_tensors(path, [name for name in names if name in wanted], dtype)
+    return weights
+
+
+def _weight_files(folder: pathlib.Path) -> dict[str, pathlib.Path]:
+    if (folder / _INDEX).exists():
+        weight_map = _read_json(folder / _INDEX).get("weight_map", {})
+        return {name: folder / shard for name, shard in weight_map.items()}
+    single = sorted(folder.glob("*.safetensors"))
+    if not single:
+        pickled = [p.name for pattern in _PICKLED for p in folder.glob(pattern)]
+        problem = "no *.safetensors weights"
+        if pickled:
+            problem += (
+                f"; refusing pickled weights {pickled} (unpickling can run code): convert them"
+            )
+        raise CheckpointError(folder, problem)
+    if len(single) > 1:
+        raise CheckpointError(
+            folder, f"several safetensors files {[p.name for p in single]} but no {_INDEX}"
+        )
+    with _open(single[0]) as f:
+        return {name: single[0] for name in f.keys()}
+
+
+def _open(path: pathlib.Path):
+    if not path.exists():
+        raise CheckpointError(path, "no such file")
+    try:
+        return safe_open(path, framework="pt")
+    except (SafetensorError, OSError) as exc:
+        raise CheckpointError(path, f"corrupt safetensors file ({exc})") from None
+
+
+def _shapes(path: pathlib.Path, names: list[str]) -> dict[str, tuple[int, ...]]:
+    with _open(path) as f:
+        present = set(f.keys())
+        for name in names:
+            if name not in present:
+                raise CheckpointError(path, "tensor listed in the index is not in the file", name)
+        return {name: tuple(f.get_slice(name).get_shape()) for name in names}
+
+
+def _read_tensors(
+    path: pathlib.Path, names: list[str], dtype: torch.dtype
+) -> dict[str, torch.Tensor]:
+    with _open(path) as f:
+        try:
+            return {name: f.get_tensor(name).to(dtype) for name in names}
+        except (SafetensorError, OSError, RuntimeError) as exc:
+            raise CheckpointError(path, f"cannot read tensors ({exc})") from None
+
+
+def _read_json(path: pathlib.Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(path, "no such file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(path, f"invalid JSON ({exc})") from None
