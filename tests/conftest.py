@@ -51,25 +51,9 @@ def tiny_kind(request) -> str:
 
 def arch_of(hf_model):
     """Our ArchConfig for a tiny transformers model (through the loader's config.json path)."""
-    try:
-        from speculant.loader.hf import arch_from_hf_config
-    except ImportError:
-        arch_from_hf_config = _arch_from_hf_config
+    from speculant.loader.hf_loader import arch_from_hf_config
+
     return arch_from_hf_config(hf_model.config.to_dict())
-
-
-def _arch_from_hf_config(c: dict):
-    from speculant.config import ArchConfig
-
-    return ArchConfig(
-        family=c["model_type"], vocab_size=c["vocab_size"], hidden_size=c["hidden_size"],
-        intermediate_size=c["intermediate_size"], num_layers=c["num_hidden_layers"],
-        num_heads=c["num_attention_heads"], num_kv_heads=c["num_key_value_heads"],
-        head_dim=c["hidden_size"] // c["num_attention_heads"], rms_norm_eps=c["rms_norm_eps"],
-        rope_theta=c["rope_parameters"]["rope_theta"], max_position=c["max_position_embeddings"],
-        tie_word_embeddings=c["tie_word_embeddings"], attention_bias=c["model_type"] == "qwen2",
-        bos_token_id=c["bos_token_id"], eos_token_id=c["eos_token_id"],
-    )
 
 
 class TinyCheckpoint:

@@ -19,7 +19,11 @@ _INDEX = "model.safetensors.index.json"
 
 
 def load_hf_config(folder: pathlib.Path) -> ArchConfig:
-    config = _read_json(folder / "config.json")
+    return arch_from_hf_config(_read_json(folder / "config.json"), folder)
+
+
+def arch_from_hf_config(config: dict[str, Any], folder: pathlib.Path = pathlib.Path(".")) -> ArchConfig:
+    """ArchConfig from a config.json dict (`folder` names the file in errors)."""
     family = _FAMILIES.get(config.get("model_type", ""))
     if family is None:
         raise CheckpointError(
