@@ -13,11 +13,16 @@ from speculant.attention.batch import ForwardBatch
 class AttentionBackend(ABC):
     """Writes a layer's new K/V into its paged cache and attends over the sequence's pages.
 
-    `plan` runs once per forward on the host (it may build masks, indptr arrays, kernel plans);
-    `forward` runs once per layer with the object `plan` returned.
+    `configure` runs once, when a model runner takes the backend, with the model's attention
+    shape; `plan` runs once per forward on the host (it may build masks, indptr arrays, kernel
+    plans); `forward` runs once per layer with the object `plan` returned.
     """
 
     name: str = "abstract"
+
+    def configure(self, num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:  # noqa: B027
+        """The model's head counts, head size and K/V dtype, for backends whose kernel plans need
+        them before the first layer runs (FlashInfer); the default keeps nothing."""
 
     @abstractmethod
     def plan(self, fb: ForwardBatch, device: torch.device) -> Any:

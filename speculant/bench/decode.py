@@ -71,8 +71,8 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for batch in tqdm(args.batch_sizes, desc="batch sizes"):
         ids = chat_ids(llm, prompts[:batch])
-        ours = decode_rate(lambda n: time_speculant(llm, ids, n), batch, args.new_tokens, args.repeats)
-        theirs = decode_rate(lambda n: time_transformers(hf, ids, n, pad_id), batch, args.new_tokens, args.repeats)
+        ours = decode_rate(lambda n, ids=ids: time_speculant(llm, ids, n), batch, args.new_tokens, args.repeats)
+        theirs = decode_rate(lambda n, ids=ids: time_transformers(hf, ids, n, pad_id), batch, args.new_tokens, args.repeats)
         same = time_speculant(llm, ids[:1], 16)[1] == time_transformers(hf, ids[:1], 16, pad_id)[1]
         rows.append({"batch": batch, "speculant_tok_s": ours, "transformers_tok_s": theirs,
                      "ratio": ours / theirs, "greedy_tokens_equal_b1": same})

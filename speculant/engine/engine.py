@@ -40,7 +40,10 @@ class Engine:
         self.pages = PageTables(PageAllocator(self.num_pages), config.cache.page_size)
         self.proposer.bind(self.pages)
         self.scheduler = Scheduler(config.scheduler, self.pages, self.proposer.lookahead_slots, self.proposer.release)
-        self.outputs = OutputProcessor(self.tokenizer, self.arch.max_position)
+        # A sequence whose KV would outgrow the whole cache finishes ("length") like one reaching
+        # the context: left running, it would preempt itself and wait for pages forever.
+        max_tokens = min(self.arch.max_position, self.num_pages * config.cache.page_size + 1)
+        self.outputs = OutputProcessor(self.tokenizer, max_tokens)
         self.requests: dict[str, Request] = {}
         self.stats = EngineStats()
         self.stop_token_ids = _stop_token_ids(self.tokenizer, self.arch)
@@ -176,8 +179,9 @@ class Engine:
         emitted = [tokens[b][: num_emitted[b]] for b in range(len(batch))]
         for b, r in enumerate(batch.requests):
             r.num_computed_tokens += 1 + num_accepted[b]
-            r.spec.record(proposal.num_tokens[b], num_accepted[b])
-            self.stats.spec.record(proposal.num_tokens[b], num_accepted[b])
+            if proposal.num_tokens[b]:  # a step with nothing proposed is plain decoding
+                r.spec.record(proposal.num_tokens[b], num_accepted[b])
+                self.stats.spec.record(proposal.num_tokens[b], num_accepted[b])
         flat = [t for b, e in enumerate(emitted) for t in e]
         rows = [inputs_start + j for inputs_start, e in zip(_starts(proposal.num_tokens), emitted) for j in range(len(e))]
         logprobs = self._logprobs(logits[rows], flat, batch.requests)

@@ -15,6 +15,8 @@ class ModelRunner:
     def __init__(self, model: CausalLM, backend: AttentionBackend, device: torch.device, dtype: torch.dtype) -> None:
         self.model, self.backend, self.device, self.dtype = model, backend, device, dtype
         self.kv: KVCache | None = None
+        arch = model.arch
+        backend.configure(arch.num_heads, arch.num_kv_heads, arch.head_dim, dtype)
 
     @property
     def arch(self) -> ArchConfig:

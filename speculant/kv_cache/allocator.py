@@ -36,11 +36,14 @@ class PageAllocator:
         return pages
 
     def free(self, pages: list[int]) -> None:
+        """Return `pages`; all or nothing, so a bad id (or one listed twice) frees no page."""
+        seen: set[int] = set()
         for page in pages:
-            if page not in self._used:
+            if page not in self._used or page in seen:
                 raise ValueError(f"page {page} is not allocated")
-            self._used.remove(page)
-            self._free.append(page)
+            seen.add(page)
+        self._used.difference_update(pages)
+        self._free.extend(pages)
 
 
 class PageTables:

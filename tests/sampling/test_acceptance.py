@@ -10,8 +10,7 @@ import math
 
 import pytest
 import torch
-
-from conftest import chi_square_pvalue
+from testkit import chi_square_pvalue
 
 from speculant.sampling.acceptance import accept_drafts, pad_ragged
 from speculant.sampling.params import SamplingParams

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TinyCheckpoint, tiny_hf_model, tiny_llm
+from testkit import TinyCheckpoint, tiny_hf_model, tiny_llm
 
 from speculant import SamplingParams
 from speculant.attention.batch import SeqInput, build_forward_batch

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from conftest import tiny_hf_model, tiny_llm
+from testkit import tiny_hf_model, tiny_llm
 
 from speculant import SamplingParams
 from speculant.spec.ngram import ngram_continuation

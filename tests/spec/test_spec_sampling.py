@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import chi_square_pvalue, tiny_hf_model, tiny_llm
+from testkit import chi_square_pvalue, tiny_hf_model, tiny_llm
 
 import speculant.engine.engine as engine_module
 from speculant import SamplingParams

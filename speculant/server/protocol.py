@@ -1,0 +1,249 @@
+"""Request bodies of the OpenAI-compatible API, validated by pydantic.
+
+Models are strict (no "5" -> 5 coercion) so a wrong type is a 400 naming the field, as the OpenAI
+API does. Unknown fields are ignored: clients send newer OpenAI parameters freely. Fields this
+engine cannot honour (n > 1, echo, penalties, logit_bias, tools) are rejected in `unsupported()`
+rather than silently ignored, because ignoring them would change the meaning of the request.
+
+Extensions beyond the OpenAI schema: `top_k`, `min_p`, `ignore_eos`, `num_draft_tokens` in requests
+and a `speculation` object in responses (see `responses.py`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+_SEED_MAX = 2**63 - 1
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    include_usage: bool = False
+
+
+class _SamplingFields(BaseModel):
+    """Fields both endpoints share; ranges follow the OpenAI API reference."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    model: str | None = None  # None: the served model (OpenAI requires it; curl users forget it)
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Field(ge=-1)] | None = None  # -1 or 0 disable it (vLLM's spelling is -1)
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    seed: Annotated[int, Field(ge=0, le=_SEED_MAX)] | None = None
+    stop: str | list[str] | None = None
+    n: Annotated[int, Field(ge=1)] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool = False
+    num_draft_tokens: Annotated[int, Field(ge=0)] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def unsupported(self) -> tuple[str, str] | None:
+        """(field, reason) for the first parameter this server cannot honour, else None."""
+        if self.n not in (None, 1):
+            return "n", "n > 1 is not supported; send one request per completion"
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name):
+                return name, f"{name} is not supported"
+        if self.logit_bias:
+            return "logit_bias", "logit_bias is not supported"
+        return None
+
+
+TokenIds = list[Annotated[int, Field(ge=0)]]
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | TokenIds | list[str] | list[TokenIds]
+    max_tokens: Annotated[int, Field(ge=1)] | None = 16  # the OpenAI default for completions
+    logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
+    echo: bool = False
+    suffix: str | None = None
+    best_of: Annotated[int, Field(ge=1)] | None = None
+
+    def unsupported(self) -> tuple[str, str] | None:
+        if self.echo:
+            return "echo", "echo is not supported"
+        if self.suffix:
+            return "suffix", "suffix is not supported"
+        if self.best_of not in (None, 1):
+            return "best_of", "best_of > 1 is not supported"
+        return super().unsupported()
+
+    def single_prompt(self) -> str | list[int]:
+        """The one prompt; a batch of several prompts is a 400 (one request per prompt)."""
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+            if len(prompt) != 1:
+                raise ValueError(
+                    "prompt: batch prompts are not supported; send one prompt per request"
+                )
+            prompt = prompt[0]
+        return prompt
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def template_dict(self) -> dict:
+        """What the chat template sees: plain-text content."""
+        content = self.content
+        if isinstance(content, list):
+            content = "".join(part.text for part in content)
+        message = {"role": self.role, "content": content or ""}
+        if self.name is not None:
+            message["name"] = self.name
+        return message
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    tools: list[dict] | None = None
+
+    def unsupported(self) -> tuple[str, str] | None:
+        if self.tools:
+            return "tools", "tools are not supported"
+        return super().unsupported()
+
+    @property
+    def output_limit(self) -> int | None:
+        """max_completion_tokens supersedes the deprecated max_tokens, as in the OpenAI API."""
+        return (
+            self.max_completion_tokens
+            if self.max_completion_tokens is not None
+            else self.max_tokens
+        )
+
+
+# ---- responses ------------------------------------------------------------------------------
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class Speculation(BaseModel):
+    """Extension: this request's speculation figures (all zero when speculation is off)."""
+
+    draft_tokens: int  # tokens proposed for this request
+    accepted_tokens: int  # of those, accepted by the target
+    acceptance_rate: float  # accepted_tokens / draft_tokens
+    tau: float  # tokens emitted per target forward, bonus included
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    text_offset: list[int]
+    top_logprobs: None = None  # alternatives are not computed
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class CompletionResponse(BaseModel):
+    """A whole completion, or (streaming) one chunk of it."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    speculation: Speculation | None = None
+
+
+class TokenLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+    top_logprobs: list = []  # alternatives are not computed
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprob]
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    speculation: Speculation | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: dict[str, str]  # {"role": "assistant"} first, then {"content": ...}; {} at the end
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+    speculation: Speculation | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "speculant"
+    max_model_len: int | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

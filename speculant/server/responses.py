@@ -1,0 +1,169 @@
+"""Engine deltas -> OpenAI response bodies and stream chunks, for both endpoints.
+
+A formatter knows one request's id, model and options; `chunk()` turns one `Delta` into a stream
+chunk, `response()` turns the collected deltas into a whole response. The chunk that carries the
+finish reason also carries the `speculation` extension; with `stream_options.include_usage` one
+more chunk follows with empty choices and the usage, as in the OpenAI API.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from speculant.core import CompletionStats, RequestOutput
+from speculant.server.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionResponse,
+    ChatLogprobs,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionResponse,
+    Speculation,
+    TokenLogprob,
+    Usage,
+)
+from speculant.server.request_stream import Delta
+
+
+@dataclass
+class Collected:
+    """Everything a request produced, gathered from its deltas."""
+
+    text: str = ""
+    logprobs: list[float] = field(default_factory=list)
+    token_texts: list[str] = field(default_factory=list)
+    last: RequestOutput | None = None  # the finished output: token ids, finish reason, stats
+
+    def add(self, delta: Delta) -> None:
+        self.text += delta.output.new_text
+        self.logprobs += delta.logprobs or []
+        self.token_texts += delta.token_texts or []
+        self.last = delta.output
+
+
+def usage_of(out: RequestOutput) -> Usage:
+    n = len(out.token_ids)
+    return Usage(
+        prompt_tokens=out.num_prompt_tokens,
+        completion_tokens=n,
+        total_tokens=out.num_prompt_tokens + n,
+    )
+
+
+def speculation_of(stats: CompletionStats | None) -> Speculation | None:
+    if stats is None:
+        return None
+    return Speculation(
+        draft_tokens=stats.draft_tokens,
+        accepted_tokens=stats.accepted_tokens,
+        acceptance_rate=stats.acceptance_rate,
+        tau=stats.tau,
+    )
+
+
+class _Formatter:
+    def __init__(self, request_id: str, model: str, logprobs: bool) -> None:
+        self.request_id = request_id
+        self.model = model
+        self.logprobs = logprobs
+        self.created = int(time.time())
+
+    def _head(self) -> dict:
+        return {"id": self.request_id, "created": self.created, "model": self.model}
+
+    @staticmethod
+    def _tail(out: RequestOutput) -> tuple[str | None, Speculation | None]:
+        """Finish reason and speculation, set only on the finishing chunk."""
+        return (out.finish_reason, speculation_of(out.stats)) if out.finished else (None, None)
+
+
+class CompletionFormatter(_Formatter):
+    def __init__(self, request_id: str, model: str, logprobs: bool) -> None:
+        super().__init__(request_id, model, logprobs)
+        self._offset = 0  # characters of completion text already streamed
+
+    def first_chunk(self) -> CompletionResponse | None:
+        return None
+
+    def chunk(self, delta: Delta) -> CompletionResponse:
+        out = delta.output
+        finish_reason, speculation = self._tail(out)
+        logprobs = self._logprobs(delta.token_texts or [], delta.logprobs or [], self._offset)
+        self._offset += len(out.new_text)
+        choice = CompletionChoice(text=out.new_text, logprobs=logprobs, finish_reason=finish_reason)
+        return CompletionResponse(**self._head(), choices=[choice], speculation=speculation)
+
+    def usage_chunk(self, out: RequestOutput) -> CompletionResponse:
+        return CompletionResponse(**self._head(), choices=[], usage=usage_of(out))
+
+    def response(self, result: Collected) -> CompletionResponse:
+        out = result.last
+        logprobs = self._logprobs(result.token_texts, result.logprobs, 0)
+        choice = CompletionChoice(
+            text=result.text, logprobs=logprobs, finish_reason=out.finish_reason
+        )
+        return CompletionResponse(
+            **self._head(),
+            choices=[choice],
+            usage=usage_of(out),
+            speculation=speculation_of(out.stats),
+        )
+
+    def _logprobs(
+        self, texts: list[str], values: list[float], start: int
+    ) -> CompletionLogprobs | None:
+        if not self.logprobs:
+            return None
+        offsets, at = [], start
+        for text in texts:  # offsets of each token's text; approximate where a stop string cut it
+            offsets.append(at)
+            at += len(text)
+        return CompletionLogprobs(tokens=texts, token_logprobs=values, text_offset=offsets)
+
+
+class ChatFormatter(_Formatter):
+    def first_chunk(self) -> ChatCompletionChunk:
+        """The role comes first, before any token, as OpenAI streams it."""
+        return ChatCompletionChunk(
+            **self._head(), choices=[ChatChunkChoice(delta={"role": "assistant", "content": ""})]
+        )
+
+    def chunk(self, delta: Delta) -> ChatCompletionChunk:
+        out = delta.output
+        finish_reason, speculation = self._tail(out)
+        choice = ChatChunkChoice(
+            delta={"content": out.new_text} if out.new_text else {},
+            logprobs=self._logprobs(delta.token_texts or [], delta.logprobs or []),
+            finish_reason=finish_reason,
+        )
+        return ChatCompletionChunk(**self._head(), choices=[choice], speculation=speculation)
+
+    def usage_chunk(self, out: RequestOutput) -> ChatCompletionChunk:
+        return ChatCompletionChunk(**self._head(), choices=[], usage=usage_of(out))
+
+    def response(self, result: Collected) -> ChatCompletionResponse:
+        out = result.last
+        choice = ChatChoice(
+            message=AssistantMessage(content=result.text),
+            logprobs=self._logprobs(result.token_texts, result.logprobs),
+            finish_reason=out.finish_reason,
+        )
+        return ChatCompletionResponse(
+            **self._head(),
+            choices=[choice],
+            usage=usage_of(out),
+            speculation=speculation_of(out.stats),
+        )
+
+    def _logprobs(self, texts: list[str], values: list[float]) -> ChatLogprobs | None:
+        if not self.logprobs:
+            return None
+        content = [
+            TokenLogprob(token=t, logprob=v, bytes=list(t.encode("utf-8")))
+            for t, v in zip(texts, values, strict=True)
+        ]
+        return ChatLogprobs(content=content)

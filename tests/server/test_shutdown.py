@@ -1,0 +1,159 @@
+"""Graceful shutdown: stop admitting, let streams finish until a deadline, abort the rest, exit."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+from server_helpers import MODEL, engine_config, free_port, serve
+
+LONG = {
+    "model": MODEL,
+    "prompt": "Tell me everything.",
+    "max_tokens": 900,
+    "temperature": 0,
+    "ignore_eos": True,
+}
+
+
+class StreamReader(threading.Thread):
+    """Reads one streaming completion on a thread; `started` is set at the first token."""
+
+    def __init__(self, url: str, body: dict) -> None:
+        super().__init__(daemon=True)
+        self.url, self.body = (
+            url,
+            {**body, "stream": True, "stream_options": {"include_usage": True}},
+        )
+        self.started = threading.Event()
+        self.events: list[dict] = []
+        self.done = False
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with httpx.stream(
+                "POST", f"{self.url}/v1/completions", json=self.body, timeout=60
+            ) as response:
+                for line in response.iter_lines():
+                    if line == "data: [DONE]":
+                        self.done = True
+                    elif line.startswith("data: "):
+                        self.events.append(json.loads(line[6:]))
+                        self.started.set()
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+            self.started.set()
+
+    @property
+    def finish_reason(self) -> str | None:
+        reasons = [e["choices"][0]["finish_reason"] for e in self.events if e["choices"]]
+        return reasons[-1] if reasons else None
+
+    def finish(self, timeout_s: float = 30.0) -> None:
+        self.join(timeout_s)
+        assert not self.is_alive(), "the stream hangs"
+        assert self.error is None, self.error
+        assert self.done, "the stream ended without [DONE]"
+
+
+def test_shutdown_aborts_a_stream_past_the_drain_deadline(tiny_checkpoint):
+    with serve(tiny_checkpoint, engine_config(), drain_timeout_s=0.5) as running:
+        reader = StreamReader(running.url, LONG)
+        reader.start()
+        assert reader.started.wait(30)
+        running.server.should_exit = True
+        reader.finish()
+        assert reader.finish_reason == "abort"
+        assert 0 < reader.events[-1]["usage"]["completion_tokens"] < LONG["max_tokens"]
+        running.thread.join(15)
+        assert not running.thread.is_alive(), "the server did not exit"
+        assert not running.async_engine._thread.is_alive(), "the engine thread did not exit"
+        assert running.async_engine.engine.pages.allocator.num_used == 0
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{running.url}/health", timeout=5)
+
+
+def test_draining_refuses_new_requests_and_finishes_in_flight_ones(tiny_checkpoint):
+    with serve(tiny_checkpoint, engine_config(), drain_timeout_s=30) as running:
+        reader = StreamReader(running.url, {**LONG, "max_tokens": 60})
+        reader.start()
+        assert reader.started.wait(30)
+        running.async_engine.begin_shutdown(30)
+        refused = httpx.post(
+            f"{running.url}/v1/completions", json={"model": MODEL, "prompt": "hi"}, timeout=10
+        )
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "shutting_down"
+        assert httpx.get(f"{running.url}/health", timeout=10).status_code == 503
+        running.server.should_exit = True
+        reader.finish()
+        assert reader.finish_reason == "length"
+        assert reader.events[-1]["usage"]["completion_tokens"] == 60
+        running.thread.join(15)
+        assert not running.thread.is_alive()
+
+
+SERVE_SCRIPT = """
+import sys
+from speculant.config import CacheConfig, EngineConfig, ModelConfig
+from speculant.server import run_server
+config = EngineConfig(model=ModelConfig(model=sys.argv[1]), cache=CacheConfig(page_size=16, num_pages=256))
+run_server(config, "127.0.0.1", int(sys.argv[2]), model_name="tiny-smol", drain_timeout_s=1.0, log_level="warning")
+print("server exited", flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory, tiny_model, smol_tokenizer):
+    """The tiny model and tokenizer as a Hugging Face folder, which a new process can load."""
+    folder = tmp_path_factory.mktemp("tiny-smol")
+    tiny_model.save_pretrained(folder)
+    smol_tokenizer.save_pretrained(folder)
+    return folder
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[0]
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError("the server did not come up")
+
+
+def test_sigterm_drains_and_exits_cleanly(tiny_folder):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SERVE_SCRIPT, str(tiny_folder), str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        _wait_healthy(url, proc)
+        reader = StreamReader(url, LONG)
+        reader.start()
+        assert reader.started.wait(30)
+        proc.send_signal(signal.SIGTERM)
+        reader.finish()
+        assert reader.finish_reason == "abort"
+        output, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0, output
+        assert "server exited" in output
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
