@@ -50,8 +50,14 @@ class Proposer(ABC):
         return []
 
     def num_draft_tokens(self, request: Request) -> int:
+        """k for this request this step: its own or the engine's, cut so that the drafts (and a
+        fed bonus token) stay inside the model's context and the whole KV cache."""
         k = request.params.num_draft_tokens
-        return self.ctx.spec.num_draft_tokens if k is None else k
+        k = self.ctx.spec.num_draft_tokens if k is None else k
+        limit = self.ctx.target.arch.max_position
+        if self.pages is not None:
+            limit = min(limit, self.pages.allocator.num_pages * self.pages.page_size)
+        return max(0, min(k, limit - request.num_tokens - 1))
 
     def lookahead_slots(self, request: Request) -> int:
         """KV slots past the sequence's tokens that a step may write (drafts being verified)."""

@@ -27,3 +27,19 @@ def test_ngram_greedy_equals_plain():
     assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
     assert llm.stats()["draft_tokens"] > 0
     assert llm.stats()["kv_pages_used"] == 0
+
+
+def test_speculation_near_the_context_end_and_a_full_cache():
+    """k shrinks so drafts never pass the context (512) nor the whole cache."""
+    model = tiny_hf_model("llama")
+    params = SamplingParams(max_tokens=50, temperature=0, ignore_eos=True)
+    prompt = [5, 6, 7, 8] * 126 + [5]  # 505 tokens of repeats: n-gram proposes long drafts
+    plain = tiny_llm(model).generate([prompt], params)[0]
+    spec = tiny_llm(model, speculative="ngram", num_draft_tokens=8).generate([prompt], params)[0]
+    assert spec.token_ids == plain.token_ids and spec.finish_reason == "length"
+    small = [5, 6, 7] * 3
+    plain = tiny_llm(model, num_pages=4).generate([small], SamplingParams(max_tokens=30, temperature=0, ignore_eos=True))[0]
+    spec = tiny_llm(model, num_pages=4, speculative="ngram", num_draft_tokens=4).generate(
+        [small], SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    )[0]
+    assert spec.token_ids == plain.token_ids
