@@ -19,17 +19,19 @@ def available_backends() -> list[str]:
     return sorted(_BACKENDS)
 
 
-def resolve_backend_name(name: str, device: torch.device) -> str:
-    """"auto" picks flashinfer on CUDA when it is installed, else the torch reference."""
+def resolve_backend_name(name: str, device: torch.device, dtype: torch.dtype = torch.float16) -> str:
+    """"auto" picks flashinfer on CUDA for fp16/bf16 when it is installed (its kernels have no
+    fp32 path), else the torch reference."""
     if name != "auto":
         return name
-    if device.type == "cuda" and importlib.util.find_spec("flashinfer") is not None:
+    half = dtype in (torch.float16, torch.bfloat16)
+    if device.type == "cuda" and half and importlib.util.find_spec("flashinfer") is not None:
         return "flashinfer"
     return "torch"
 
 
-def create_backend(name: str, device: torch.device, **kwargs) -> AttentionBackend:
-    name = resolve_backend_name(name, device)
+def create_backend(name: str, device: torch.device, dtype: torch.dtype = torch.float32, **kwargs) -> AttentionBackend:
+    name = resolve_backend_name(name, device, dtype)
     if name not in _BACKENDS:
         raise ValueError(f"attention_backend must be one of {['auto'] + available_backends()}, got {name!r}")
     module_name, cls_name = _BACKENDS[name].split(":")

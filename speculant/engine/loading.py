@@ -14,7 +14,7 @@ def build_runner(checkpoint, model_config: ModelConfig) -> ModelRunner:
     device, dtype = torch.device(model_config.device), model_config.torch_dtype
     model = create_model(checkpoint.arch, device, dtype)
     model.load_weights(checkpoint.weights)
-    backend = create_backend(model_config.attention_backend, device)
+    backend = create_backend(model_config.attention_backend, device, dtype)
     return ModelRunner(model, backend, device, dtype)
 
 
