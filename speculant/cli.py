@@ -20,6 +20,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-model", default=None)
     p.add_argument("--num-draft-tokens", type=int, default=4)
     p.add_argument("--draft-sampling", default="greedy", choices=["greedy", "sample"])
+    p.add_argument("--draft-dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="the draft's dtype (default: --dtype); bfloat16 speeds a CPU draft's single-token steps")
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--kv-cache-mb", type=int, default=1024)
     p.add_argument("--max-num-seqs", type=int, default=64)
@@ -37,6 +39,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
             draft_model=args.draft_model,
             num_draft_tokens=args.num_draft_tokens,
             draft_sampling=args.draft_sampling,
+            draft_dtype=args.draft_dtype,
         ),
     )
 

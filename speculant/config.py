@@ -111,6 +111,7 @@ class SpecConfig:
     draft_model: str | None = None
     num_draft_tokens: int = 4  # k: tokens proposed per sequence per step (per-request override)
     draft_sampling: str = "greedy"  # "greedy" (one-hot draft) | "sample" (draw from the draft)
+    draft_dtype: str | None = None  # None: the target's; "bfloat16" halves a CPU draft's GEMV time
     ngram_max: int = 4
     ngram_min: int = 1
 
@@ -119,6 +120,8 @@ class SpecConfig:
             raise ValueError(f"num_draft_tokens must be >= 1, got {self.num_draft_tokens}")
         if self.draft_sampling not in ("greedy", "sample"):
             raise ValueError(f"draft_sampling must be 'greedy' or 'sample', got {self.draft_sampling!r}")
+        if self.draft_dtype is not None and self.draft_dtype not in _DTYPES:
+            raise ValueError(f"draft_dtype must be one of {sorted(_DTYPES)}, got {self.draft_dtype!r}")
         if self.method == "draft" and not self.draft_model:
             raise ValueError("speculative='draft' needs draft_model")
 

@@ -27,6 +27,7 @@ class LLM:
         draft_model: str | None = None,
         num_draft_tokens: int = 4,
         draft_sampling: str = "greedy",
+        draft_dtype: str | None = None,
         page_size: int = 16,
         kv_cache_bytes: int = 1 << 30,
         num_pages: int | None = None,
@@ -45,6 +46,7 @@ class LLM:
                 draft_model=draft_model,
                 num_draft_tokens=num_draft_tokens,
                 draft_sampling=draft_sampling,
+                draft_dtype=draft_dtype,
             ),
         )
         self.engine = Engine(self.config, checkpoint=checkpoint, draft_checkpoint=draft_checkpoint)

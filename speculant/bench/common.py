@@ -60,7 +60,7 @@ def hf_twin(checkpoint, dtype: torch.dtype = torch.float32):
         raise RuntimeError(f"weights do not fit the transformers model: missing {missing}, unexpected {unexpected}")
     if a.tie_word_embeddings:
         model.tie_weights()
-    return model.eval()
+    return model.to(dtype).eval()  # assign=True kept the checkpoint's dtype
 
 
 def machine() -> dict:

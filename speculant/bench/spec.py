@@ -1,7 +1,7 @@
 """Speculative decoding side by side: speculant vs transformers' assisted generation.
 
     python -m speculant.bench.spec [--target qwen2.5-coder-1.5b] [--draft qwen2.5-coder-0.5b]
-                                   [--prompts 6] [--new-tokens 96]
+                                   [--prompts 4] [--new-tokens 64]
 
 Same HumanEval prompts, greedy, batch 1, fp32, one run. For each configuration: end-to-end output
 tokens/s (prefill included, summed over prompts), τ (tokens per target forward), and the speedup
@@ -27,6 +27,7 @@ OURS = [
     ("target alone", {}),
     ("draft k=2", {"speculative": "draft", "num_draft_tokens": 2}),
     ("draft k=4", {"speculative": "draft", "num_draft_tokens": 4}),
+    ("draft k=4, bf16 draft", {"speculative": "draft", "num_draft_tokens": 4, "draft_dtype": "bfloat16"}),
     ("ngram k=4", {"speculative": "ngram", "num_draft_tokens": 4}),
 ]
 
@@ -54,10 +55,10 @@ def run_ours(args, target, draft, prompts: list[str]) -> list[dict]:
 
 def run_transformers(args, target, draft, prompts: list[str], tokenizer) -> list[dict]:
     hf_target = hf_twin(target)
-    hf_draft = hf_twin(draft)
     configs = [
         ("target alone", {}),
-        ("assisted (draft model)", {"assistant_model": hf_draft}),
+        ("assisted (draft model)", {"assistant_model": hf_twin(draft)}),
+        ("assisted, bf16 draft", {"assistant_model": hf_twin(draft, torch.bfloat16)}),
         ("prompt lookup k=4", {"prompt_lookup_num_tokens": 4}),
     ]
     rows = []
@@ -87,8 +88,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--target", default="qwen2.5-coder-1.5b")
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b")
-    ap.add_argument("--prompts", type=int, default=6)
-    ap.add_argument("--new-tokens", type=int, default=96)
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--out", default="results/bench_spec.json")
     args = ap.parse_args(argv)
     target, draft = load_checkpoint(args.target), load_checkpoint(args.draft)

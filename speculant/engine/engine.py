@@ -19,7 +19,12 @@ from speculant.engine.stats import EngineStats
 from speculant.kv_cache.allocator import PageAllocator, PageTables
 from speculant.sampling.acceptance import accept_drafts
 from speculant.sampling.params import SamplingParams
-from speculant.sampling.sampler import SamplingTensors, processed_probs, sample, token_logprobs
+from speculant.sampling.sampler import (
+    SamplingTensors,
+    processed_probs,
+    sample_logits,
+    token_logprobs,
+)
 from speculant.scheduler.scheduler import Scheduler
 from speculant.spec.base import ProposerContext
 from speculant.spec.registry import create_proposer
@@ -155,7 +160,7 @@ class Engine:
 
     def _sample(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         st = SamplingTensors.from_params([r.params for r in requests], logits.device)
-        return sample(processed_probs(logits, st), [r.generator for r in requests], self.generator)
+        return sample_logits(logits, st, [r.generator for r in requests], self.generator)
 
     def _verify_and_accept(self, batch: Batch, proposal: DraftProposal) -> tuple[StepOutput, torch.Tensor]:
         drafts = to_list(proposal.token_ids)

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from speculant.config import ArchConfig
+from speculant.layers.linear import linear
 from speculant.layers.rotary import RotaryEmbedding, apply_rotary
 from speculant.models.base import CausalLM, ForwardContext
 
@@ -73,20 +74,20 @@ class LlamaForCausalLM(CausalLM):
     def _layer(self, i: int, w: LayerWeights, x: torch.Tensor, cos, sin, ctx: ForwardContext) -> torch.Tensor:
         a = self.arch
         h = F.rms_norm(x, (a.hidden_size,), w.input_norm, a.rms_norm_eps)
-        qkv = F.linear(h, w.qkv, w.qkv_bias)  # [T, q_size + 2 * kv_size]
+        qkv = linear(h, w.qkv, w.qkv_bias)  # [T, q_size + 2 * kv_size]
         num_tokens = qkv.shape[0]
         qk = apply_rotary(qkv[:, : a.q_size + a.kv_size].view(num_tokens, -1, a.head_dim), cos, sin)
         q, k = qk[:, : a.num_heads], qk[:, a.num_heads :]
         v = qkv[:, a.q_size + a.kv_size :].view(num_tokens, a.num_kv_heads, a.head_dim)
         attn = ctx.backend.forward(q, k, v, ctx.k_cache[i], ctx.v_cache[i], ctx.meta, self.scale)
-        x = x + F.linear(attn, w.o)
+        x = x + linear(attn, w.o)
         h = F.rms_norm(x, (a.hidden_size,), w.post_norm, a.rms_norm_eps)
-        gate, up = F.linear(h, w.gate_up).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, w.down)
+        gate, up = linear(h, w.gate_up).chunk(2, dim=-1)
+        return x + linear(F.silu(gate) * up, w.down)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         h = F.rms_norm(hidden, (self.arch.hidden_size,), self.norm, self.arch.rms_norm_eps)
-        return F.linear(h, self.lm_head).float()
+        return linear(h, self.lm_head).float()
 
 
 def _take(weights: dict[str, torch.Tensor], name: str) -> torch.Tensor:

@@ -27,6 +27,7 @@ class SamplingTensors:
     needs_sort: bool = True  # some row uses top-k or top-p
     needs_min_p: bool = True  # some row uses min-p
     any_greedy: bool = True  # some row is greedy
+    all_greedy: bool = False  # every row is greedy
 
     @classmethod
     def from_params(
@@ -45,6 +46,7 @@ class SamplingTensors:
             needs_sort=any(p.top_k > 0 or p.top_p < 1.0 for p in sampled),
             needs_min_p=any(p.min_p > 0.0 for p in sampled),
             any_greedy=len(sampled) < len(params),
+            all_greedy=not sampled,
         )
 
     def repeat_interleave(self, counts: torch.Tensor | Sequence[int]) -> SamplingTensors:
@@ -59,6 +61,7 @@ class SamplingTensors:
             needs_sort=self.needs_sort,
             needs_min_p=self.needs_min_p,
             any_greedy=self.any_greedy,
+            all_greedy=self.all_greedy,
         )
 
     def __len__(self) -> int:
@@ -95,6 +98,19 @@ def sample(
 ) -> torch.Tensor:  # [N] int64
     """One token per row. One-hot rows (greedy) return their token whatever the noise."""
     return sample_from_weights(probs, generators, default_generator)
+
+
+def sample_logits(
+    logits: torch.Tensor,  # [N, V] raw
+    st: SamplingTensors,
+    generators: Sequence[torch.Generator | None] | None = None,  # [N]
+    default_generator: torch.Generator | None = None,
+) -> torch.Tensor:  # [N] int64
+    """`sample(processed_probs(logits, st), ...)`, with an all-greedy batch taking the argmax
+    directly (no V-wide noise, no probabilities: the common decode case)."""
+    if st.all_greedy:
+        return logits.argmax(dim=-1)
+    return sample(processed_probs(logits, st), generators, default_generator)
 
 
 def token_logprobs(

@@ -10,6 +10,8 @@ samples from its processed distribution.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from speculant.attention.batch import SeqInput, build_forward_batch
@@ -24,14 +26,15 @@ from speculant.utils.sync import to_list
 class DraftModelProposer(Proposer):
     def __init__(self, ctx: ProposerContext) -> None:
         super().__init__(ctx)
-        checkpoint = ctx.draft_checkpoint or load_checkpoint_for(ctx.spec.draft_model, ctx.model)
+        model_config = dataclasses.replace(ctx.model, dtype=ctx.spec.draft_dtype or ctx.model.dtype)
+        checkpoint = ctx.draft_checkpoint or load_checkpoint_for(ctx.spec.draft_model, model_config)
         target_vocab, draft_vocab = ctx.target.arch.vocab_size, checkpoint.arch.vocab_size
         if draft_vocab != target_vocab:
             raise ValueError(
                 f"draft_model {ctx.spec.draft_model!r} has a vocabulary of {draft_vocab} tokens, "
                 f"the target {target_vocab}: draft and target must share a vocabulary"
             )
-        self.runner: ModelRunner = build_runner(checkpoint, ctx.model)
+        self.runner: ModelRunner = build_runner(checkpoint, model_config)
         self.computed: dict[str, int] = {}  # draft KV length per request
         self.carried: dict[str, torch.Tensor] = {}  # [V] draft logits for the next token
 
@@ -76,7 +79,7 @@ class DraftModelProposer(Proposer):
         probs = None
         if self.ctx.spec.draft_sampling == "sample":
             probs = torch.zeros(len(requests), k_max, self.ctx.target.arch.vocab_size)
-        logits = torch.stack([self.carried[r.request_id] for r in requests])  # [B, V]
+        logits = torch.stack([self.carried[r.request_id] for r in requests]).float()  # [B, V]
         for j in range(k_max):
             rows = [b for b, k in enumerate(ks) if k > j]
             drafted = self._choose(logits[rows], [requests[b] for b in rows], probs, rows, j)
