@@ -56,7 +56,7 @@ class Scheduler:
             if request not in self.running:
                 continue  # preempted while making room for an older request
             num_new = self._num_new_tokens(request, budget)
-            if num_new == 0 or not self._reserve(request, num_new):
+            if num_new == 0 or not self._reserve(request, num_new, scheduled):
                 continue
             scheduled.append(ScheduledSeq(request, num_new))
             budget -= num_new
@@ -73,11 +73,14 @@ class Scheduler:
         end = request.num_computed_tokens + num_new
         return end + self.lookahead(request) if end == request.num_tokens else end
 
-    def _reserve(self, request: Request, num_new: int) -> bool:
-        """Make `request`'s pages cover this step, preempting younger requests if needed."""
+    def _reserve(self, request: Request, num_new: int, scheduled: list[ScheduledSeq]) -> bool:
+        """Make `request`'s pages cover this step, preempting the youngest requests not already
+        in this step's batch (possibly `request` itself) if needed."""
         slots = self._slots_needed(request, num_new)
+        taken = {id(s.request) for s in scheduled}
         while not self.pages.ensure(request.request_id, slots):
-            victim = self.running[-1]
+            victims = [r for r in self.running if id(r) not in taken]
+            victim = victims[-1] if victims else request
             self._preempt(victim)
             if victim is request:
                 return False

@@ -116,3 +116,17 @@ def test_tree_branch_equals_its_linear_path(kind: str) -> None:
     ref_c = _hf_logits(hf, prefix + [40, 42])[6]
     torch.testing.assert_close(out[[0, 1, 3]], ref_bd, atol=ATOL, rtol=0)
     torch.testing.assert_close(out[2], ref_c, atol=ATOL, rtol=0)
+
+
+def test_llama3_rope_scaling_matches_transformers() -> None:
+    """Llama 3.1's frequency-dependent rope scaling, at positions past the original context."""
+    rope = {
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 64,
+    }
+    hf = tiny_hf_model("llama", seed=5, rope_parameters=rope, head_dim=32, num_attention_heads=2, num_key_value_heads=1)
+    runner = _runner(hf)
+    assert runner.arch.rope_scaling.kind == "llama3"
+    tokens = torch.randint(3, 256, (150,), generator=torch.Generator().manual_seed(2)).tolist()
+    ours = _two_forwards(runner, {"long": tokens}, {"long": [100]})["long"]
+    torch.testing.assert_close(ours, _hf_logits(hf, tokens), atol=ATOL, rtol=0)
