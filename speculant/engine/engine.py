@@ -17,7 +17,7 @@ from speculant.engine.loading import load_target
 from speculant.engine.output import OutputProcessor
 from speculant.engine.stats import EngineStats
 from speculant.kv_cache.allocator import PageAllocator, PageTables
-from speculant.sampling.acceptance import accept_drafts
+from speculant.sampling.acceptance import accept_drafts, pad_ragged
 from speculant.sampling.params import SamplingParams
 from speculant.sampling.sampler import (
     SamplingTensors,
@@ -155,8 +155,7 @@ class Engine:
         logprobs = self._logprobs(logits, [t for e in emitted for t in e], sampling)
         for s in batch.seqs:
             s.request.num_computed_tokens += s.num_new_tokens
-        per_seq_lp = self._split_logprobs(batch, emitted, logprobs)
-        return StepOutput(emitted, per_seq_lp), hidden
+        return StepOutput(emitted, _split(logprobs, emitted)), hidden
 
     def _sample(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         st = SamplingTensors.from_params([r.params for r in requests], logits.device)
@@ -190,32 +189,19 @@ class Engine:
         flat = [t for b, e in enumerate(emitted) for t in e]
         rows = [inputs_start + j for inputs_start, e in zip(_starts(proposal.num_tokens), emitted) for j in range(len(e))]
         logprobs = self._logprobs(logits[rows], flat, batch.requests)
-        return StepOutput(emitted, self._split_logprobs(batch, emitted, logprobs)), hidden
+        return StepOutput(emitted, _split(logprobs, emitted)), hidden
 
     def _padded_target_probs(self, batch: Batch, proposal: DraftProposal, logits: torch.Tensor) -> torch.Tensor:
-        counts = [k + 1 for k in proposal.num_tokens]
+        """[B, k_max + 1, V] processed target distributions at each drafted position and the bonus."""
+        counts = torch.tensor([k + 1 for k in proposal.num_tokens])
         st = SamplingTensors.from_params([r.params for r in batch.requests], logits.device).repeat_interleave(counts)
         probs = processed_probs(logits, st)  # [sum(k_b + 1), V]
-        k_max = proposal.token_ids.shape[1]
-        padded = probs.new_zeros(len(batch), k_max + 1, probs.shape[-1])
-        rows = torch.tensor([b * (k_max + 1) + j for b, c in enumerate(counts) for j in range(c)])
-        padded.view(-1, probs.shape[-1])[rows] = probs
-        return padded
+        return pad_ragged(probs, counts, proposal.token_ids.shape[1] + 1)
 
     def _logprobs(self, logits: torch.Tensor, tokens: list[int], requests: list[Request]) -> list[float] | None:
         if not tokens or not any(r.params.logprobs for r in requests):
             return None
         return to_list(token_logprobs(logits, torch.tensor(tokens)))
-
-    @staticmethod
-    def _split_logprobs(batch: Batch, emitted: list[list[int]], flat: list[float] | None):
-        if flat is None:
-            return None
-        out, i = [], 0
-        for e in emitted:
-            out.append(flat[i : i + len(e)])
-            i += len(e)
-        return out
 
     # ---- commit ---------------------------------------------------------------------------
 
@@ -245,6 +231,17 @@ class Engine:
     def _retire(self, request: Request) -> None:
         self.scheduler.remove(request)
         self.proposer.release(request)
+
+
+def _split(flat: list[float] | None, emitted: list[list[int]]) -> list[list[float]] | None:
+    """Per-sequence slices of a flat list laid out like `emitted`."""
+    if flat is None:
+        return None
+    out, i = [], 0
+    for e in emitted:
+        out.append(flat[i : i + len(e)])
+        i += len(e)
+    return out
 
 
 def _starts(num_drafts: list[int]) -> list[int]:
