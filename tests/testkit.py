@@ -5,6 +5,7 @@ Import as `from testkit import ...` (tests/ is on sys.path through tests/conftes
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -91,3 +92,12 @@ def chi_square_pvalue(
     stat = ((observed - expected) ** 2 / expected).sum()
     dof = torch.tensor((expected.numel() - 1) / 2, dtype=torch.float64)
     return torch.special.gammaincc(dof, stat / 2).item()  # chi2 survival function
+
+
+def ancestor_mask(parents: list[int]) -> np.ndarray:  # [n, n] bool
+    """A draft tree's attention mask: node i sees itself and its ancestors (parent -1 = root)."""
+    mask = np.eye(len(parents), dtype=bool)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            mask[i] |= mask[p]
+    return mask

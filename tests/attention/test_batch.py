@@ -6,6 +6,7 @@ import numpy as np
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from testkit import ancestor_mask
 
 from speculant.attention.batch import ForwardBatch, SeqInput, build_forward_batch
 
@@ -19,7 +20,7 @@ def seq_inputs(draw, page_size: int) -> SeqInput:
     tree = None
     if draw(st.booleans()):
         parents = [draw(st.integers(-1, i - 1)) for i in range(q_len)]
-        tree = _ancestor_mask(parents)
+        tree = ancestor_mask(parents)
     positions = draw(st.none() | st.just([kv_start + i for i in range(q_len)]))
     return SeqInput(
         token_ids=draw(st.lists(st.integers(0, 255), min_size=q_len, max_size=q_len)),
@@ -29,17 +30,6 @@ def seq_inputs(draw, page_size: int) -> SeqInput:
         logits=draw(st.sampled_from(["last", "all", "none"])),
         tree_mask=tree,
     )
-
-
-def _ancestor_mask(
-    parents: list[int],
-) -> np.ndarray:  # [n, n] bool, node i sees itself and its ancestors
-    n = len(parents)
-    mask = np.eye(n, dtype=bool)
-    for i, p in enumerate(parents):
-        if p >= 0:
-            mask[i] |= mask[p]
-    return mask
 
 
 @st.composite

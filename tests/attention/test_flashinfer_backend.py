@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
+from testkit import ancestor_mask
 
 from speculant.attention.batch import SeqInput, build_forward_batch
 from speculant.attention.torch_backend import TorchAttention
@@ -63,14 +64,6 @@ def _flashinfer(num_heads: int, num_kv_heads: int, dtype: torch.dtype):
     return backend
 
 
-def _ancestor_mask(parents: list[int]) -> np.ndarray:  # [n, n] bool
-    mask = np.eye(len(parents), dtype=bool)
-    for i, p in enumerate(parents):
-        if p >= 0:
-            mask[i] |= mask[p]
-    return mask
-
-
 def _inputs(
     cases: list[Case], heads: tuple[int, int], dtype: torch.dtype, page_size: int, seed: int = 0
 ):
@@ -90,7 +83,7 @@ def _inputs(
         )
         k_cache[slots[: c.kv_start]] = keys[: c.kv_start]  # what earlier forwards wrote
         v_cache[slots[: c.kv_start]] = values[: c.kv_start]
-        tree = None if c.tree_parents is None else _ancestor_mask(c.tree_parents)
+        tree = None if c.tree_parents is None else ancestor_mask(c.tree_parents)
         seqs.append(SeqInput([0] * c.q_len, c.kv_start, table, tree_mask=tree))
         qs.append(torch.randn(c.q_len, num_heads, HEAD_DIM, generator=gen).to(dtype))
         ks.append(keys[c.kv_start :])
@@ -158,7 +151,7 @@ def test_tiny_model_logits_match_torch_backend() -> None:
                 [3, 7],
                 positions=[21, 22, 22, 23],
                 logits="all",
-                tree_mask=_ancestor_mask([-1, 0, 0, 1]),
+                tree_mask=ancestor_mask([-1, 0, 0, 1]),
             )
         ],
     ]

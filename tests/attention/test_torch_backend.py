@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
+from testkit import ancestor_mask
 
 from speculant.attention.batch import SeqInput, build_forward_batch
 from speculant.attention.torch_backend import TorchAttention
@@ -23,14 +24,6 @@ class Case:
     kv_start: int  # tokens already in the cache
     q_len: int  # new tokens this forward
     tree_parents: list[int] | None = None  # parent of each new token (-1: the cached prefix)
-
-
-def _ancestor_mask(parents: list[int]) -> np.ndarray:  # [n, n] bool
-    mask = np.eye(len(parents), dtype=bool)
-    for i, p in enumerate(parents):
-        if p >= 0:
-            mask[i] |= mask[p]
-    return mask
 
 
 def _reference(q, keys, values, kv_start: int, new_mask: np.ndarray) -> torch.Tensor:
@@ -62,7 +55,7 @@ def _run(cases: list[Case], seed: int = 0):
         values = torch.randn(length, NUM_KV_HEADS, HEAD_DIM, generator=gen)
         k_cache[slots[: c.kv_start]] = keys[: c.kv_start]  # the prefix an earlier forward wrote
         v_cache[slots[: c.kv_start]] = values[: c.kv_start]
-        tree = None if c.tree_parents is None else _ancestor_mask(c.tree_parents)
+        tree = None if c.tree_parents is None else ancestor_mask(c.tree_parents)
         masks.append(np.tri(c.q_len, dtype=bool) if tree is None else tree)
         inputs.append(SeqInput([0] * c.q_len, c.kv_start, table, tree_mask=tree))
         full_k.append(keys)

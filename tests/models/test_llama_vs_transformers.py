@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from testkit import TinyCheckpoint, tiny_hf_model
+from testkit import TinyCheckpoint, ancestor_mask, tiny_hf_model
 
 from speculant.attention.batch import SeqInput, build_forward_batch
 from speculant.config import ModelConfig
@@ -98,10 +98,7 @@ def test_tree_branch_equals_its_linear_path(kind: str) -> None:
     runner.forward(build_forward_batch([SeqInput(prefix, 0, table, logits="none")], PAGE_SIZE))
     # Tree over new tokens: 0 -> (1, 2); 1 -> 3. Paths: [a, b, d] and [a, c].
     nodes, parents = [40, 41, 42, 43], [-1, 0, 0, 1]
-    mask = np.eye(4, dtype=bool)
-    for i, p in enumerate(parents):
-        if p >= 0:
-            mask[i] |= mask[p]
+    mask = ancestor_mask(parents)
     depths = [0, 1, 1, 2]
     fb = build_forward_batch(
         [
