@@ -158,7 +158,7 @@ def dequantize(
         values = data.view(_PLAIN[ggml_type]).reshape(shape)
         return values.to(dtype, copy=True)  # a copy: never hand out a view of the file
     if ggml_type not in _BLOCK_DEQUANT:
-        raise NotImplementedError(f"ggml type {ggml_type.name} is not supported")
+        raise ValueError(f"ggml type {ggml_type.name} is not supported")  # validate.py reports it first
     block_size, type_size = GGML_QUANT_SIZES[ggml_type]
     blocks = data.reshape(-1, type_size)  # [n_blocks, type_size]
     out = torch.empty(blocks.shape[0], block_size, dtype=dtype)  # [n_blocks, block_size]
