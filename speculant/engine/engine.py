@@ -140,7 +140,7 @@ class Engine:
     def _forward_and_sample(self, batch: Batch) -> tuple[StepOutput, torch.Tensor]:
         inputs = [
             SeqInput(
-                token_ids=s.request.all_token_ids[s.request.num_computed_tokens : s.request.num_computed_tokens + s.num_new_tokens],
+                token_ids=s.request.token_slice(s.request.num_computed_tokens, s.request.num_computed_tokens + s.num_new_tokens),
                 kv_start=s.request.num_computed_tokens,
                 page_table=self.pages.table(s.request.request_id),
                 logits="last" if s.samples else "none",
@@ -165,7 +165,7 @@ class Engine:
         drafts = to_list(proposal.token_ids)
         inputs = [
             SeqInput(
-                token_ids=[r.all_token_ids[-1]] + drafts[b][: proposal.num_tokens[b]],
+                token_ids=[r.token_at(r.num_tokens - 1)] + drafts[b][: proposal.num_tokens[b]],
                 kv_start=r.num_computed_tokens,
                 page_table=self.pages.table(r.request_id),
                 logits="all",

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import torch
 
-
 _UPCAST_ROWS = 16
 
 

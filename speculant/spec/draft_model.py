@@ -59,7 +59,7 @@ class DraftModelProposer(Proposer):
             valid = min(self.computed.get(r.request_id, 0), r.num_tokens - 1)  # drafted KV past this was rejected
             end = r.num_tokens if r.num_computed_tokens >= r.num_tokens - 1 else r.num_computed_tokens
             if end > valid:
-                feeds.append((r, r.all_token_ids[valid:end], valid))
+                feeds.append((r, r.token_slice(valid, end), valid))
         if feeds:
             self._feed(feeds)
 
