@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from speculant.core import Batch, DraftProposal, Request
+from speculant.core import Batch, DraftProposal
 from speculant.spec.base import Proposer, pad_proposals
 
 
@@ -17,9 +17,6 @@ class NgramProposer(Proposer):
             for r in batch.requests
         ]
         return pad_proposals(drafts)
-
-    def lookahead_slots(self, request: Request) -> int:
-        return self.num_draft_tokens(request)
 
 
 def ngram_continuation(tokens: np.ndarray, k: int, n_min: int, n_max: int) -> list[int]:
