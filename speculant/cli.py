@@ -6,7 +6,14 @@ import argparse
 import json
 import sys
 
-from speculant.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpecConfig
+from speculant.config import (
+    CacheConfig,
+    DraftModelConfig,
+    EngineConfig,
+    ModelConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+)
 from speculant.sampling.params import SamplingParams
 
 
@@ -34,12 +41,10 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         model=ModelConfig(args.model, args.dtype, args.device, args.attention_backend, args.seed),
         cache=CacheConfig(page_size=args.page_size, kv_cache_bytes=args.kv_cache_mb << 20),
         scheduler=SchedulerConfig(args.max_num_seqs, args.max_num_batched_tokens, args.max_waiting),
-        spec=SpecConfig(
+        speculative=SpeculativeConfig(
             method=args.speculative,
-            draft_model=args.draft_model,
             num_draft_tokens=args.num_draft_tokens,
-            draft_sampling=args.draft_sampling,
-            draft_dtype=args.draft_dtype,
+            draft=DraftModelConfig(model=args.draft_model, sampling=args.draft_sampling, dtype=args.draft_dtype),
         ),
     )
 

@@ -1,7 +1,7 @@
 """One frozen configuration tree, built once from the CLI or the Python API.
 
 `EngineConfig` holds what the user chose (`ModelConfig`, `CacheConfig`, `SchedulerConfig`,
-`SpecConfig`); `ArchConfig` holds what a checkpoint says about its architecture. Derived values are
+`SpeculativeConfig`); `ArchConfig` holds what a checkpoint says about its architecture. Derived values are
 properties; nothing mutates a config after construction (use `dataclasses.replace`).
 """
 
@@ -104,25 +104,46 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
-class SpecConfig:
-    """Speculative decoding. `method` names a proposer in `speculant.spec` ("none" disables it)."""
+class DraftModelConfig:
+    """Draft-target speculation: the small LLM that proposes tokens."""
 
-    method: str = "none"  # "none" | "draft" | "ngram"
-    draft_model: str | None = None
+    model: str | None = None  # registry name, HF folder or .gguf file (same vocabulary as the target)
+    sampling: str = "greedy"  # "greedy" (one-hot draft) | "sample" (draw from the draft)
+    dtype: str | None = None  # None: the target's; "bfloat16" halves a CPU draft's GEMV time
+
+    def __post_init__(self) -> None:
+        if self.sampling not in ("greedy", "sample"):
+            raise ValueError(f"draft_sampling must be 'greedy' or 'sample', got {self.sampling!r}")
+        if self.dtype is not None and self.dtype not in _DTYPES:
+            raise ValueError(f"draft_dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+
+
+@dataclass(frozen=True)
+class NgramConfig:
+    """Prompt-lookup speculation: match the last n tokens, n from `max_n` down to `min_n`."""
+
+    max_n: int = 4
+    min_n: int = 1
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_n <= self.max_n:
+            raise ValueError(f"ngram_min_n and ngram_max_n must satisfy 1 <= min <= max, got {self.min_n}, {self.max_n}")
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding. `method` names a proposer in `speculant.speculative` ("none" disables
+    it); each method's own settings live in its nested config."""
+
+    method: str = "none"
     num_draft_tokens: int = 4  # k: tokens proposed per sequence per step (per-request override)
-    draft_sampling: str = "greedy"  # "greedy" (one-hot draft) | "sample" (draw from the draft)
-    draft_dtype: str | None = None  # None: the target's; "bfloat16" halves a CPU draft's GEMV time
-    ngram_max: int = 4
-    ngram_min: int = 1
+    draft: DraftModelConfig = DraftModelConfig()
+    ngram: NgramConfig = NgramConfig()
 
     def __post_init__(self) -> None:
         if self.num_draft_tokens < 1:
             raise ValueError(f"num_draft_tokens must be >= 1, got {self.num_draft_tokens}")
-        if self.draft_sampling not in ("greedy", "sample"):
-            raise ValueError(f"draft_sampling must be 'greedy' or 'sample', got {self.draft_sampling!r}")
-        if self.draft_dtype is not None and self.draft_dtype not in _DTYPES:
-            raise ValueError(f"draft_dtype must be one of {sorted(_DTYPES)}, got {self.draft_dtype!r}")
-        if self.method == "draft" and not self.draft_model:
+        if self.method == "draft" and not self.draft.model:
             raise ValueError("speculative='draft' needs draft_model")
 
     @property
@@ -135,7 +156,7 @@ class EngineConfig:
     model: ModelConfig = ModelConfig()
     cache: CacheConfig = CacheConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
-    spec: SpecConfig = SpecConfig()
+    speculative: SpeculativeConfig = SpeculativeConfig()
 
     def replace(self, **changes) -> EngineConfig:
         return dataclasses.replace(self, **changes)

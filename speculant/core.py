@@ -102,7 +102,7 @@ class Request:
     finish_time: float | None = None
     num_preemptions: int = 0
     error: str | None = None
-    spec: SpecStats = field(default_factory=SpecStats)
+    spec_stats: SpecStats = field(default_factory=SpecStats)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -180,8 +180,8 @@ class DraftTree:
 class DraftProposal:
     """What a proposer returns: k_i draft tokens per sequence of a decode batch (padded with -1)."""
 
-    token_ids: torch.Tensor  # [B, k_max] int64, -1 past num_tokens[b]
-    num_tokens: list[int]  # [B] k_i
+    token_ids: torch.Tensor  # [B, k_max] int64, -1 past num_drafts[b]
+    num_drafts: list[int]  # [B] k_i
     draft_probs: torch.Tensor | None = None  # [B, k_max, V] q(d); None means one-hot at token_ids
     tree: DraftTree | None = None  # set by tree proposers; None for chains
 

@@ -6,7 +6,14 @@ from collections.abc import Iterator, Sequence
 
 from tqdm import tqdm
 
-from speculant.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpecConfig
+from speculant.config import (
+    CacheConfig,
+    DraftModelConfig,
+    EngineConfig,
+    ModelConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+)
 from speculant.core import RequestOutput
 from speculant.engine.engine import Engine
 from speculant.sampling.params import SamplingParams
@@ -41,12 +48,10 @@ class LLM:
             model=ModelConfig(model=model, dtype=dtype, device=device, attention_backend=attention_backend, seed=seed),
             cache=CacheConfig(page_size=page_size, kv_cache_bytes=kv_cache_bytes, num_pages=num_pages),
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens),
-            spec=SpecConfig(
+            speculative=SpeculativeConfig(
                 method=speculative or "none",
-                draft_model=draft_model,
                 num_draft_tokens=num_draft_tokens,
-                draft_sampling=draft_sampling,
-                draft_dtype=draft_dtype,
+                draft=DraftModelConfig(model=draft_model, sampling=draft_sampling, dtype=draft_dtype),
             ),
         )
         self.engine = Engine(self.config, checkpoint=checkpoint, draft_checkpoint=draft_checkpoint)

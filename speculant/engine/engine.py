@@ -13,9 +13,9 @@ import torch
 from speculant.attention.batch import SeqInput, build_forward_batch
 from speculant.config import EngineConfig
 from speculant.core import Batch, DraftProposal, Request, RequestOutput, RequestStatus, StepOutput
-from speculant.engine.loading import load_target
 from speculant.engine.output import OutputProcessor
 from speculant.engine.stats import EngineStats
+from speculant.executor.loading import load_target
 from speculant.kv_cache.allocator import PageAllocator, PageTables
 from speculant.sampling.acceptance import accept_drafts, pad_ragged
 from speculant.sampling.params import SamplingParams
@@ -26,8 +26,8 @@ from speculant.sampling.sampler import (
     token_logprobs,
 )
 from speculant.scheduler.scheduler import Scheduler
-from speculant.spec.base import ProposerContext
-from speculant.spec.registry import create_proposer
+from speculant.speculative.base import ProposerContext
+from speculant.speculative.registry import create_proposer
 from speculant.utils.sync import to_list
 
 
@@ -39,7 +39,7 @@ class Engine:
         self.arch = self.target.arch
         self.generator = torch.Generator().manual_seed(config.model.seed)
         self.proposer = create_proposer(
-            ProposerContext(config.spec, config.model, self.target, self.device, self.generator, draft_checkpoint)
+            ProposerContext(config.speculative, config.model, self.target, self.device, self.generator, draft_checkpoint)
         )
         self.num_pages = self._allocate_cache()
         self.pages = PageTables(PageAllocator(self.num_pages), config.cache.page_size)
@@ -165,7 +165,7 @@ class Engine:
         drafts = to_list(proposal.token_ids)
         inputs = [
             SeqInput(
-                token_ids=[r.token_at(r.num_tokens - 1)] + drafts[b][: proposal.num_tokens[b]],
+                token_ids=[r.token_at(r.num_tokens - 1)] + drafts[b][: proposal.num_drafts[b]],
                 kv_start=r.num_computed_tokens,
                 page_table=self.pages.table(r.request_id),
                 logits="all",
@@ -175,7 +175,7 @@ class Engine:
         logits, hidden = self.target.forward(build_forward_batch(inputs, self.pages.page_size))
         target_probs = self._padded_target_probs(batch, proposal, logits)
         result = accept_drafts(
-            proposal.token_ids, torch.tensor(proposal.num_tokens), proposal.draft_probs, target_probs,
+            proposal.token_ids, torch.tensor(proposal.num_drafts), proposal.draft_probs, target_probs,
             [r.generator for r in batch.requests], self.generator,
         )
         num_emitted, num_accepted = to_list(result.num_emitted), to_list(result.num_accepted)
@@ -183,17 +183,17 @@ class Engine:
         emitted = [tokens[b][: num_emitted[b]] for b in range(len(batch))]
         for b, r in enumerate(batch.requests):
             r.num_computed_tokens += 1 + num_accepted[b]
-            if proposal.num_tokens[b]:  # a step with nothing proposed is plain decoding
-                r.spec.record(proposal.num_tokens[b], num_accepted[b])
-                self.stats.spec.record(proposal.num_tokens[b], num_accepted[b])
+            if proposal.num_drafts[b]:  # a step with nothing proposed is plain decoding
+                r.spec_stats.record(proposal.num_drafts[b], num_accepted[b])
+                self.stats.spec_stats.record(proposal.num_drafts[b], num_accepted[b])
         flat = [t for b, e in enumerate(emitted) for t in e]
-        rows = [inputs_start + j for inputs_start, e in zip(_starts(proposal.num_tokens), emitted) for j in range(len(e))]
+        rows = [inputs_start + j for inputs_start, e in zip(_starts(proposal.num_drafts), emitted) for j in range(len(e))]
         logprobs = self._logprobs(logits[rows], flat, batch.requests)
         return StepOutput(emitted, _split(logprobs, emitted)), hidden
 
     def _padded_target_probs(self, batch: Batch, proposal: DraftProposal, logits: torch.Tensor) -> torch.Tensor:
         """[B, k_max + 1, V] processed target distributions at each drafted position and the bonus."""
-        counts = torch.tensor([k + 1 for k in proposal.num_tokens])
+        counts = torch.tensor([k + 1 for k in proposal.num_drafts])
         st = SamplingTensors.from_params([r.params for r in batch.requests], logits.device).repeat_interleave(counts)
         probs = processed_probs(logits, st)  # [sum(k_b + 1), V]
         return pad_ragged(probs, counts, proposal.token_ids.shape[1] + 1)
@@ -211,8 +211,8 @@ class Engine:
             lp = step_out.logprobs[b] if step_out.logprobs is not None else None
             new = self.outputs.append(r, step_out.token_ids[b], lp)
             if new:
-                r.spec.target_forwards += 1
-                r.spec.emitted_tokens += len(new)
+                r.spec_stats.target_forwards += 1
+                r.spec_stats.emitted_tokens += len(new)
                 self.stats.record_tokens(len(new))
             appended.append(new)
         self.proposer.on_commit(batch, hidden)

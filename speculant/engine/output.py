@@ -110,8 +110,8 @@ def completion_stats(req: Request) -> CompletionStats:
         num_prompt_tokens=req.num_prompt_tokens,
         num_output_tokens=n,
         num_preemptions=req.num_preemptions,
-        tau=req.spec.tau,
-        acceptance_rate=req.spec.acceptance_rate,
-        draft_tokens=req.spec.draft_tokens,
-        accepted_tokens=req.spec.accepted_tokens,
+        tau=req.spec_stats.tau,
+        acceptance_rate=req.spec_stats.acceptance_rate,
+        draft_tokens=req.spec_stats.draft_tokens,
+        accepted_tokens=req.spec_stats.accepted_tokens,
     )

@@ -12,7 +12,7 @@ from speculant.core import Batch, Request, SpecStats
 
 @dataclass
 class EngineStats:
-    spec: SpecStats = field(default_factory=SpecStats)
+    spec_stats: SpecStats = field(default_factory=SpecStats)
     finished: Counter = field(default_factory=Counter)  # finish reason -> requests
     generated_tokens: int = 0
     prompt_tokens: int = 0
@@ -33,8 +33,8 @@ class EngineStats:
 
     def record_tokens(self, n: int) -> None:
         self.generated_tokens += n
-        self.spec.target_forwards += 1
-        self.spec.emitted_tokens += n
+        self.spec_stats.target_forwards += 1
+        self.spec_stats.emitted_tokens += n
 
     def record_finish(self, request: Request) -> None:
         self.finished[request.status.value] += 1
@@ -44,7 +44,7 @@ class EngineStats:
             self.ttft_s.append(request.first_token_time - request.arrival_time)
 
     def as_dict(self) -> dict:
-        s = self.spec
+        s = self.spec_stats
         return {
             "requests_finished": dict(self.finished),
             "prompt_tokens": self.prompt_tokens,

@@ -62,8 +62,8 @@ class AsyncEngine:
     def __init__(self, engine: Engine, metrics: ServerMetrics | None = None) -> None:
         self.engine = engine
         self.metrics = metrics or ServerMetrics()
-        if engine.config.spec.enabled:
-            self.metrics.declare_positions(engine.config.spec.num_draft_tokens)
+        if engine.config.speculative.enabled:
+            self.metrics.declare_positions(engine.config.speculative.num_draft_tokens)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()  # orders "closed" against command submission
         self._closed = False

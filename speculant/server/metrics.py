@@ -212,9 +212,9 @@ class _Snapshot:
         snap = cls()
         snap.prompt_tokens = stats.prompt_tokens
         snap.generated_tokens = stats.generated_tokens
-        snap.spec = {name: getattr(stats.spec, name) for name in _SPEC_SCALARS}
-        snap.accepted_by_position = list(stats.spec.accepted_by_position)
-        snap.proposed_by_position = list(stats.spec.proposed_by_position)
+        snap.spec = {name: getattr(stats.spec_stats, name) for name in _SPEC_SCALARS}
+        snap.accepted_by_position = list(stats.spec_stats.accepted_by_position)
+        snap.proposed_by_position = list(stats.spec_stats.proposed_by_position)
         return snap
 
 

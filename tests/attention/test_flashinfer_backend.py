@@ -135,7 +135,7 @@ def test_tiny_model_logits_match_torch_backend() -> None:
     from testkit import TinyCheckpoint, tiny_hf_model
 
     from speculant.config import ModelConfig
-    from speculant.engine.loading import build_runner
+    from speculant.executor.loading import build_runner
 
     hf = tiny_hf_model("llama", hidden_size=256, intermediate_size=256, num_attention_heads=4)
     steps = [

@@ -23,7 +23,7 @@ from speculant.attention.flashinfer_backend import (
     uses_decode_kernel,
 )
 from speculant.attention.torch_backend import TorchAttention, _build_mask
-from speculant.engine.model_runner import ModelRunner
+from speculant.executor.model_runner import ModelRunner
 
 TREE = np.array([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=bool)  # root, then two siblings
 

@@ -11,7 +11,7 @@ from testkit import TinyCheckpoint, ancestor_mask, tiny_hf_model
 
 from speculant.attention.batch import SeqInput, build_forward_batch
 from speculant.config import ModelConfig
-from speculant.engine.loading import build_runner
+from speculant.executor.loading import build_runner
 
 PAGE_SIZE, NUM_PAGES = 4, 64
 ATOL = 2e-5  # float32 logits of magnitude ~3; observed max error is ~1.3e-6

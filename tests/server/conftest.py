@@ -16,7 +16,7 @@ from server_helpers import (
 )
 from testkit import TinyCheckpoint, tiny_hf_model
 
-from speculant.config import SpecConfig
+from speculant.config import DraftModelConfig, SpeculativeConfig
 
 
 @pytest.fixture(scope="session")
@@ -45,14 +45,14 @@ def server(tiny_checkpoint) -> Iterator[RunningServer]:
 @pytest.fixture(scope="session")
 def ngram_server(tiny_checkpoint) -> Iterator[RunningServer]:
     with serve(
-        tiny_checkpoint, engine_config(SpecConfig(method="ngram", num_draft_tokens=3))
+        tiny_checkpoint, engine_config(SpeculativeConfig(method="ngram", num_draft_tokens=3))
     ) as running:
         yield running
 
 
 @pytest.fixture(scope="session")
 def draft_server(tiny_checkpoint, tiny_model) -> Iterator[RunningServer]:
-    spec = SpecConfig(method="draft", draft_model="tiny-self", num_draft_tokens=3)
+    spec = SpeculativeConfig(method="draft", draft=DraftModelConfig(model="tiny-self"), num_draft_tokens=3)
     with serve(
         tiny_checkpoint, engine_config(spec), draft_checkpoint=TinyCheckpoint(tiny_model)
     ) as running:

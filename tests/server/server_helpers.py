@@ -17,7 +17,13 @@ from dataclasses import dataclass
 
 import httpx
 
-from speculant.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpecConfig
+from speculant.config import (
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+)
 from speculant.engine.engine import Engine
 from speculant.server import AsyncEngine, build_server
 from speculant.server.runner import DrainingServer
@@ -27,7 +33,7 @@ CONTEXT = 1024  # the tiny model's max_position_embeddings
 
 
 def engine_config(
-    spec: SpecConfig | None = None, max_waiting: int = 1024, max_num_seqs: int = 64
+    speculative: SpeculativeConfig | None = None, max_waiting: int = 1024, max_num_seqs: int = 64
 ) -> EngineConfig:
     return EngineConfig(
         model=ModelConfig(model=MODEL),
@@ -35,7 +41,7 @@ def engine_config(
         scheduler=SchedulerConfig(
             max_num_seqs=max_num_seqs, max_num_batched_tokens=512, max_waiting=max_waiting
         ),
-        spec=spec or SpecConfig(),
+        speculative=speculative or SpeculativeConfig(),
     )
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import importlib
 
-from speculant.spec.base import NoProposer, Proposer, ProposerContext
+from speculant.speculative.base import NoProposer, Proposer, ProposerContext
 
 _PROPOSERS = {
-    "draft": "speculant.spec.draft_model:DraftModelProposer",
-    "ngram": "speculant.spec.ngram:NgramProposer",
+    "draft": "speculant.speculative.draft_model:DraftModelProposer",
+    "ngram": "speculant.speculative.ngram:NgramProposer",
 }
 
 
@@ -17,7 +17,7 @@ def available_methods() -> list[str]:
 
 
 def create_proposer(ctx: ProposerContext) -> Proposer:
-    method = ctx.spec.method
+    method = ctx.speculative.method
     if method == "none":
         return NoProposer(ctx)
     if method not in _PROPOSERS:

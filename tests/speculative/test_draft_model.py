@@ -8,7 +8,7 @@ from testkit import TinyCheckpoint, tiny_hf_model, tiny_llm
 
 from speculant import SamplingParams
 from speculant.attention.batch import SeqInput, build_forward_batch
-from speculant.engine.loading import build_runner
+from speculant.executor.loading import build_runner
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 PROMPTS = [[5, 6, 7, 8, 9], list(range(10, 40)), [3], list(range(50, 61)), [9, 9, 9, 9], list(range(100, 117)), [7, 1], list(range(60, 68))]

@@ -15,24 +15,24 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from speculant.config import ModelConfig, SpecConfig
+from speculant.config import ModelConfig, SpeculativeConfig
 from speculant.core import Batch, DraftProposal, Request
 from speculant.kv_cache.allocator import PageTables
 
 if TYPE_CHECKING:
-    from speculant.engine.model_runner import ModelRunner
+    from speculant.executor.model_runner import ModelRunner
 
 
 @dataclass(frozen=True)
 class ProposerContext:
     """What a proposer may use of its engine."""
 
-    spec: SpecConfig
+    speculative: SpeculativeConfig
     model: ModelConfig  # the target's settings (dtype, device, attention backend) for draft models
     target: ModelRunner
     device: torch.device
     generator: torch.Generator  # engine-wide default for requests without a seed
-    draft_checkpoint: Any = None  # a loaded draft checkpoint (tests); else spec.draft_model is loaded
+    draft_checkpoint: Any = None  # a loaded draft checkpoint (tests); else speculative.draft.model is loaded
 
 
 class Proposer(ABC):
@@ -53,7 +53,7 @@ class Proposer(ABC):
         """k for this request this step: its own or the engine's, cut so that the drafts (and a
         fed bonus token) stay inside the model's context and the whole KV cache."""
         k = request.params.num_draft_tokens
-        k = self.ctx.spec.num_draft_tokens if k is None else k
+        k = self.ctx.speculative.num_draft_tokens if k is None else k
         limit = self.ctx.target.arch.max_position
         if self.pages is not None:
             limit = min(limit, self.pages.allocator.num_pages * self.pages.page_size)
@@ -94,4 +94,4 @@ def pad_proposals(drafts: list[list[int]]) -> DraftProposal:
     tokens = np.full((len(drafts), k_max), -1, dtype=np.int64)
     for b, d in enumerate(drafts):
         tokens[b, : len(d)] = d
-    return DraftProposal(token_ids=torch.from_numpy(tokens), num_tokens=[len(d) for d in drafts])
+    return DraftProposal(token_ids=torch.from_numpy(tokens), num_drafts=[len(d) for d in drafts])

@@ -1,19 +1,19 @@
 """Prompt-lookup decoding: propose what followed the latest earlier match of the sequence's last
-n tokens (n from `ngram_max` down to `ngram_min`). No model, no KV: the draft is one-hot."""
+n tokens (n from `ngram.max_n` down to `ngram.min_n`). No model, no KV: the draft is one-hot."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from speculant.core import Batch, DraftProposal
-from speculant.spec.base import Proposer, pad_proposals
+from speculant.speculative.base import Proposer, pad_proposals
 
 
 class NgramProposer(Proposer):
     def propose(self, batch: Batch) -> DraftProposal:
-        spec = self.ctx.spec
+        ngram = self.ctx.speculative.ngram
         drafts = [
-            ngram_continuation(np.asarray(r.all_token_ids), self.num_draft_tokens(r), spec.ngram_min, spec.ngram_max)
+            ngram_continuation(np.asarray(r.all_token_ids), self.num_draft_tokens(r), ngram.min_n, ngram.max_n)
             for r in batch.requests
         ]
         return pad_proposals(drafts)

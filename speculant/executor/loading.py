@@ -6,7 +6,7 @@ import torch
 
 from speculant.attention.registry import create_backend
 from speculant.config import EngineConfig, ModelConfig
-from speculant.engine.model_runner import ModelRunner
+from speculant.executor.model_runner import ModelRunner
 from speculant.models.registry import create_model
 
 

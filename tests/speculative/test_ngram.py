@@ -6,7 +6,7 @@ import numpy as np
 from testkit import tiny_hf_model, tiny_llm
 
 from speculant import SamplingParams
-from speculant.spec.ngram import ngram_continuation
+from speculant.speculative.ngram import ngram_continuation
 
 
 def test_continuation_of_latest_longest_match():

@@ -16,22 +16,22 @@ import torch
 
 from speculant.attention.batch import SeqInput, build_forward_batch
 from speculant.core import Batch, DraftProposal, Request
-from speculant.engine.loading import build_runner, load_checkpoint_for
-from speculant.engine.model_runner import ModelRunner
+from speculant.executor.loading import build_runner, load_checkpoint_for
+from speculant.executor.model_runner import ModelRunner
 from speculant.sampling.sampler import SamplingTensors, processed_probs, sample
-from speculant.spec.base import Proposer, ProposerContext
+from speculant.speculative.base import Proposer, ProposerContext
 from speculant.utils.sync import to_list
 
 
 class DraftModelProposer(Proposer):
     def __init__(self, ctx: ProposerContext) -> None:
         super().__init__(ctx)
-        model_config = dataclasses.replace(ctx.model, dtype=ctx.spec.draft_dtype or ctx.model.dtype)
-        checkpoint = ctx.draft_checkpoint or load_checkpoint_for(ctx.spec.draft_model, model_config)
+        model_config = dataclasses.replace(ctx.model, dtype=ctx.speculative.draft.dtype or ctx.model.dtype)
+        checkpoint = ctx.draft_checkpoint or load_checkpoint_for(ctx.speculative.draft.model, model_config)
         target_vocab, draft_vocab = ctx.target.arch.vocab_size, checkpoint.arch.vocab_size
         if draft_vocab != target_vocab:
             raise ValueError(
-                f"draft_model {ctx.spec.draft_model!r} has a vocabulary of {draft_vocab} tokens, "
+                f"draft_model {ctx.speculative.draft.model!r} has a vocabulary of {draft_vocab} tokens, "
                 f"the target {target_vocab}: draft and target must share a vocabulary"
             )
         self.runner: ModelRunner = build_runner(checkpoint, model_config)
@@ -77,7 +77,7 @@ class DraftModelProposer(Proposer):
         k_max = max(ks)
         tokens = torch.full((len(requests), k_max), -1, dtype=torch.int64)
         probs = None
-        if self.ctx.spec.draft_sampling == "sample":
+        if self.ctx.speculative.draft.sampling == "sample":
             probs = torch.zeros(len(requests), k_max, self.ctx.target.arch.vocab_size)
         logits = torch.stack([self.carried[r.request_id] for r in requests]).float()  # [B, V]
         for j in range(k_max):
@@ -89,7 +89,7 @@ class DraftModelProposer(Proposer):
                 logits[[b for b, _ in feed]] = self._feed(
                     [(requests[b], [t], self.computed[requests[b].request_id]) for b, t in feed]
                 )
-        return DraftProposal(token_ids=tokens, num_tokens=ks, draft_probs=probs)
+        return DraftProposal(token_ids=tokens, num_drafts=ks, draft_probs=probs)
 
     def _choose(self, logits: torch.Tensor, requests: list[Request], probs, rows: list[int], j: int) -> torch.Tensor:
         if probs is None:

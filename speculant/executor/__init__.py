@@ -1,0 +1,1 @@
+"""Model running and loading: builds runners from checkpoints and runs every model forward."""
