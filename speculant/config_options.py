@@ -89,9 +89,9 @@ def _is_instance(value: Any, t: type) -> bool:
 
 
 @functools.cache
-def engine_options() -> tuple[Option, ...]:
-    """Every option of `EngineConfig`, in field order; names and flags are unique."""
-    options = tuple(_walk(EngineConfig, EngineConfig(), (), ()))
+def engine_options(root: type = EngineConfig) -> tuple[Option, ...]:
+    """Every option of a config tree (`EngineConfig`), in field order; names and flags are unique."""
+    options = tuple(_walk(root, root(), (), ()))
     for attr in ("name", "flag"):
         seen: dict[str, Option] = {}
         for opt in options:
@@ -108,7 +108,7 @@ def _walk(cls: type, default: Any, path: tuple[str, ...], prefix: tuple[str, ...
             continue
         value, hint = getattr(default, f.name), hints[f.name]
         if dataclasses.is_dataclass(hint):
-            # sections (the fields of EngineConfig) add no prefix; deeper configs add their name
+            # sections (the root's fields) add no prefix; deeper configs add their name
             yield from _walk(hint, value, path + (f.name,), prefix + (f.name,) if path else ())
         else:
             yield _option(f, hint, value, path + (f.name,), prefix)
@@ -146,10 +146,11 @@ def _types_of(hint: Any, path: tuple[str, ...]) -> tuple[tuple[type, ...], tuple
     return members, None
 
 
-def build_engine_config(options: Mapping[str, Any], base: EngineConfig | None = None) -> EngineConfig:
+def build_engine_config(options: Mapping[str, Any], base: Any = None) -> EngineConfig:
     """`base` (default: `EngineConfig()`) with the given options set; None leaves an option that
     does not accept None at its default. Unknown names are a TypeError naming them."""
-    by_name = {opt.name: opt for opt in engine_options()}
+    base = base if base is not None else EngineConfig()
+    by_name = {opt.name: opt for opt in engine_options(type(base))}
     unknown = [k for k in options if k not in by_name]
     if unknown:
         close = difflib.get_close_matches(unknown[0], by_name, n=1)
@@ -160,7 +161,7 @@ def build_engine_config(options: Mapping[str, Any], base: EngineConfig | None = 
         opt = by_name[key]
         if value is not None or opt.optional:
             values[opt.path] = opt.check(value)
-    return _replace(base or EngineConfig(), (), values)
+    return _replace(base, (), values)
 
 
 def _replace(config: Any, path: tuple[str, ...], values: dict[tuple[str, ...], Any]) -> Any:
@@ -182,10 +183,10 @@ def resolve_engine_config(config: EngineConfig | None, options: Mapping[str, Any
     return config if config is not None else build_engine_config(options)
 
 
-def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+def add_engine_arguments(parser: argparse.ArgumentParser, root: type = EngineConfig) -> None:
     """One flag per engine option; an option not given keeps the config's default."""
     group = parser.add_argument_group("engine options")
-    for opt in engine_options():
+    for opt in engine_options(root):
         kwargs: dict[str, Any] = {"dest": opt.name, "default": None, "help": _help(opt)}
         if opt.is_flag:
             kwargs["action"] = argparse.BooleanOptionalAction
@@ -203,7 +204,9 @@ def _help(opt: Option) -> str:
     return f"{opt.help} (default: {default})".strip().replace("%", "%%")
 
 
-def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+def engine_config_from_args(args: argparse.Namespace, base: Any = None) -> EngineConfig:
     """The config of parsed CLI arguments (from a parser given `add_engine_arguments`)."""
-    given = {opt.name: getattr(args, opt.name) for opt in engine_options() if getattr(args, opt.name, None) is not None}
-    return build_engine_config(given)
+    base = base if base is not None else EngineConfig()
+    options = engine_options(type(base))
+    given = {opt.name: getattr(args, opt.name) for opt in options if getattr(args, opt.name, None) is not None}
+    return build_engine_config(given, base)
