@@ -50,8 +50,9 @@ class Option:
 
     @property
     def choices(self) -> list | None:
-        source = self.choices_from
-        return list(source()) if callable(source) else (list(source) if source is not None else None)
+        if self.choices_from is None:
+            return None
+        return list(self.choices_from() if callable(self.choices_from) else self.choices_from)
 
     @property
     def is_flag(self) -> bool:
