@@ -1,7 +1,9 @@
-"""The engine: one scheduler, one page allocator, a target model and a proposer.
+"""The engine: one scheduler, one page allocator, an executor (which runs the target and the
+proposer's models) and a proposer.
 
-`step()` = schedule → (propose → verify → accept | forward → sample) → commit. Speculation runs
-only on decode batches; prefill and mixed batches sample normally.
+`step()` = schedule → (propose → verify → accept | forward → sample) → commit → proposer update.
+Every model forward is a plan the executor runs. Speculation runs only on decode batches; prefill
+and mixed batches sample normally.
 """
 
 from __future__ import annotations
