@@ -163,9 +163,7 @@ class Engine:
         out = self.executor.run(ForwardPlan(TARGET, inputs))
         samples = [s.samples for s in batch.seqs]
         sampling = [s.request for s in batch.seqs if s.samples]
-        bonus = torch.full((len(batch),), -1, dtype=torch.int64, device=out.logits.device)  # [B]
-        if sampling:
-            bonus[torch.tensor(samples, device=bonus.device)] = self._sample(out.logits, sampling)
+        bonus = self._sample_rows(out.logits, samples, sampling)  # [B]
         tokens = to_list(bonus) if sampling else [-1] * len(batch)
         emitted = [[t] if sampled else [] for t, sampled in zip(tokens, samples)]
         logprobs = self._logprobs(out.logits, [t for e in emitted for t in e], sampling)
@@ -174,6 +172,14 @@ class Engine:
         offsets = _offsets([s.num_new_tokens for s in batch.seqs])
         result = StepResult(batch.requests, offsets, out.hidden, torch.zeros_like(bonus), bonus, emitted, speculative=False)
         return StepOutput(emitted, _split(logprobs, emitted)), result
+
+    def _sample_rows(self, logits: torch.Tensor, samples: list[bool], requests: list[Request]) -> torch.Tensor:
+        """[B] int64: the sampled token of each sequence that samples (`logits` row by row), -1 elsewhere."""
+        tokens = torch.full((len(samples),), -1, dtype=torch.int64, device=logits.device)
+        if requests:
+            rows = torch.tensor([b for b, sampled in enumerate(samples) if sampled], device=logits.device)
+            tokens.index_copy_(0, rows, self._sample(logits, requests))  # integer rows: no device sync
+        return tokens
 
     def _sample(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         st = SamplingTensors.from_params([r.params for r in requests], logits.device)
