@@ -210,7 +210,7 @@ class StepResult:
     num_accepted: torch.Tensor  # [B] int64 (device) drafts the target accepted; 0 on plain steps
     bonus_token_ids: torch.Tensor  # [B] int64 (device) the target's own token after the accepted drafts
     # (recovered, bonus, or the plain sample); -1 where the step sampled nothing (a prefill chunk)
-    emitted_token_ids: list[list[int]]  # [B][n_b] tokens committed (after max_tokens and stop cuts)
+    emitted_token_ids: list[list[int]]  # [B][n_b] tokens appended to each request (after max_tokens and stop cuts)
     speculative: bool  # drafts were verified (else a plain forward and sample)
 
 

@@ -8,6 +8,7 @@ and mixed batches sample normally.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import torch
@@ -243,7 +244,7 @@ class Engine:
                 r.spec_stats.emitted_tokens += len(new)
                 self.stats.record_tokens(len(new))
             appended.append(new)
-        self.executor.drive(self.proposer.update(result))
+        self.executor.drive(self.proposer.update(dataclasses.replace(result, emitted_token_ids=appended)))
         outputs = []
         for r, new in zip(batch.requests, appended):
             out = self.outputs.make_output(r, new)  # may finish r on a stop string

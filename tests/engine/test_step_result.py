@@ -27,6 +27,8 @@ def recorded_steps(llm) -> list[tuple]:
 
     def recording(result):
         before = [r.num_tokens - len(e) for r, e in zip(result.requests, result.emitted_token_ids)]
+        for r, e, n in zip(result.requests, result.emitted_token_ids, before):
+            assert r.all_token_ids[n:] == e  # exactly the tokens appended to the request
         steps.append((result, before))
         return update(result)
 
