@@ -29,7 +29,7 @@ class Executor:
             raise ValueError(f"model name {spec.name!r} is already in use")
         if self.page_size is not None:
             raise RuntimeError("add_model after allocate_kv: the page budget is already fixed")
-        checkpoint = spec.checkpoint or load_checkpoint_for(spec.config.model, spec.config)
+        checkpoint = spec.checkpoint if spec.checkpoint is not None else load_checkpoint_for(spec.config.model, spec.config)
         target_vocab, vocab = self.arch().vocab_size, checkpoint.arch.vocab_size
         if spec.shares_vocab and vocab != target_vocab:
             raise ValueError(
