@@ -14,17 +14,13 @@ from speculant.attention.batch import SeqInput, build_forward_batch
 from speculant.config import EngineConfig
 from speculant.core import Batch, DraftProposal, Request, RequestOutput, RequestStatus, StepOutput
 from speculant.engine.output import OutputProcessor
+from speculant.engine.sampling_rows import SamplingRows
 from speculant.engine.stats import EngineStats
 from speculant.executor.loading import load_target
 from speculant.kv_cache.allocator import PageAllocator, PageTables
 from speculant.sampling.acceptance import accept_drafts, pad_ragged
 from speculant.sampling.params import SamplingParams
-from speculant.sampling.sampler import (
-    SamplingTensors,
-    processed_probs,
-    sample_logits,
-    token_logprobs,
-)
+from speculant.sampling.sampler import processed_probs, sample_logits, token_logprobs
 from speculant.scheduler.scheduler import Scheduler
 from speculant.speculative.base import ProposerContext
 from speculant.speculative.registry import create_proposer
@@ -50,6 +46,7 @@ class Engine:
         max_tokens = min(self.arch.max_position, self.num_pages * config.cache.page_size + 1)
         self.outputs = OutputProcessor(self.tokenizer, max_tokens)
         self.requests: dict[str, Request] = {}
+        self.rows = SamplingRows(self.device)
         self.stats = EngineStats()
         self.stop_token_ids = _stop_token_ids(self.tokenizer, self.arch)
         self._ids = itertools.count()
@@ -85,6 +82,9 @@ class Engine:
         token_ids = self._tokenize(prompt)
         request = Request(request_id, token_ids, params, stop_token_ids=self.stop_token_ids | set(params.stop_token_ids))
         self._check_fits(request)
+        bad = [t for t in request.params.stop_token_ids if t >= self.arch.vocab_size]
+        if bad:
+            raise ValueError(f"stop_token_ids must be in [0, {self.arch.vocab_size}), got {bad[:5]}")
         return request
 
     def _tokenize(self, prompt: str | list[int]) -> list[int]:
@@ -111,11 +111,13 @@ class Engine:
         if self.pages.pages_for(slots) > self.num_pages:
             raise ValueError(f"prompt needs {self.pages.pages_for(slots)} KV pages, the cache has {self.num_pages}")
 
-    def abort_request(self, request_id: str) -> RequestOutput | None:
+    def abort_request(self, request_id: str, error: str | None = None) -> RequestOutput | None:
+        """Finish a request now: "abort", or "error" with the message when `error` is given."""
         request = self.requests.pop(request_id, None)
         if request is None:
             return None
-        request.status = RequestStatus.FINISHED_ABORTED
+        request.status = RequestStatus.FINISHED_ABORTED if error is None else RequestStatus.FINISHED_ERROR
+        request.error = error
         self._retire(request)
         self.stats.record_finish(request)
         return self.outputs.make_output(request, [])
@@ -126,16 +128,24 @@ class Engine:
     # ---- one step -------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        batch = self.scheduler.schedule()
+        batch, failed = self._without_failed_rows(self.scheduler.schedule())
         if not batch.seqs:
-            return []
+            return failed
         with self.stats.timed_step(batch):
             if self.proposer.speculates(batch):
                 proposal = self.proposer.propose(batch)
                 step_out, hidden = self._verify_and_accept(batch, proposal)
             else:
                 step_out, hidden = self._forward_and_sample(batch)
-            return self._commit(batch, step_out, hidden)
+            return failed + self._commit(batch, step_out, hidden)
+
+    def _without_failed_rows(self, batch: Batch) -> tuple[Batch, list[RequestOutput]]:
+        """The batch minus requests whose sampling rows fail to build; those finish with an error."""
+        failed = self.rows.build(batch.requests)
+        if not failed:
+            return batch, []
+        outputs = [self.abort_request(r.request_id, error) for r, error in failed.items()]
+        return Batch([s for s in batch.seqs if s.request not in failed]), outputs
 
     def _forward_and_sample(self, batch: Batch) -> tuple[StepOutput, torch.Tensor]:
         inputs = [
@@ -158,7 +168,7 @@ class Engine:
         return StepOutput(emitted, _split(logprobs, emitted)), hidden
 
     def _sample(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
-        st = SamplingTensors.from_params([r.params for r in requests], logits.device)
+        st = self.rows.tensors(requests)
         return sample_logits(logits, st, [r.generator for r in requests], self.generator)
 
     def _verify_and_accept(self, batch: Batch, proposal: DraftProposal) -> tuple[StepOutput, torch.Tensor]:
@@ -194,7 +204,7 @@ class Engine:
     def _padded_target_probs(self, batch: Batch, proposal: DraftProposal, logits: torch.Tensor) -> torch.Tensor:
         """[B, k_max + 1, V] processed target distributions at each drafted position and the bonus."""
         counts = torch.tensor([k + 1 for k in proposal.num_drafts])
-        st = SamplingTensors.from_params([r.params for r in batch.requests], logits.device).repeat_interleave(counts)
+        st = self.rows.tensors(batch.requests).repeat_interleave(counts)
         probs = processed_probs(logits, st)  # [sum(k_b + 1), V]
         return pad_ragged(probs, counts, proposal.token_ids.shape[1] + 1)
 
@@ -231,6 +241,7 @@ class Engine:
     def _retire(self, request: Request) -> None:
         self.scheduler.remove(request)
         self.proposer.release(request)
+        self.rows.release(request.request_id)
 
 
 def _split(flat: list[float] | None, emitted: list[list[int]]) -> list[list[float]] | None:
