@@ -123,4 +123,6 @@ def _from_validation(exc: RequestValidationError) -> APIError:
     if not loc:  # the body itself: missing, or not an object
         return bad_request(f"the request body must be a JSON object: {first.get('msg', '')}")
     param = loc[0]  # the top-level field; deeper parts name union members as often as fields
+    if first.get("type") == "extra_forbidden":
+        return bad_request(f"'{'.'.join(loc)}' is not supported", param)
     return bad_request(f"invalid value for '{param}': {first.get('msg', '')}", param)

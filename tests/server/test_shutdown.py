@@ -103,9 +103,10 @@ def test_draining_refuses_new_requests_and_finishes_in_flight_ones(tiny_checkpoi
 SERVE_SCRIPT = """
 import sys
 from speculant.config import CacheConfig, EngineConfig, ModelConfig
-from speculant.server import run_server
+from speculant.server import ServerOptions, run_server
 config = EngineConfig(model=ModelConfig(model=sys.argv[1]), cache=CacheConfig(page_size=16, num_pages=256))
-run_server(config, "127.0.0.1", int(sys.argv[2]), model_name="tiny-smol", drain_timeout_s=1.0, log_level="warning")
+options = ServerOptions(drain_timeout_s=float(sys.argv[3]) if len(sys.argv) > 3 else 1.0)
+run_server(config, "127.0.0.1", int(sys.argv[2]), model_name="tiny-smol", options=options, log_level="warning")
 print("server exited", flush=True)
 """
 
