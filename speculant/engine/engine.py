@@ -20,7 +20,12 @@ from speculant.executor.loading import load_target
 from speculant.kv_cache.allocator import PageAllocator, PageTables
 from speculant.sampling.acceptance import accept_drafts, pad_ragged
 from speculant.sampling.params import SamplingParams
-from speculant.sampling.sampler import processed_probs, sample_logits, token_logprobs
+from speculant.sampling.sampler import (
+    processed_probs,
+    sample_logits,
+    token_logprobs,
+    top_token_logprobs,
+)
 from speculant.scheduler.scheduler import Scheduler
 from speculant.speculative.base import ProposerContext
 from speculant.speculative.registry import create_proposer
@@ -162,10 +167,10 @@ class Engine:
         sampling = [s.request for s in batch.seqs if s.samples]
         tokens = iter(to_list(self._sample(logits, sampling)) if sampling else [])
         emitted = [[next(tokens)] if sampled else [] for sampled in samples]
-        logprobs = self._logprobs(logits, [t for e in emitted for t in e], sampling)
+        logprobs, tops = self._logprobs(logits, [t for e in emitted for t in e], sampling)
         for s in batch.seqs:
             s.request.num_computed_tokens += s.num_new_tokens
-        return StepOutput(emitted, _split(logprobs, emitted)), hidden
+        return StepOutput(emitted, _split(logprobs, emitted), _split(tops, emitted)), hidden
 
     def _sample(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         st = self.rows.tensors(requests)
@@ -198,8 +203,8 @@ class Engine:
                 self.stats.spec_stats.record(proposal.num_drafts[b], num_accepted[b])
         flat = [t for b, e in enumerate(emitted) for t in e]
         rows = [inputs_start + j for inputs_start, e in zip(_starts(proposal.num_drafts), emitted) for j in range(len(e))]
-        logprobs = self._logprobs(logits[rows], flat, batch.requests)
-        return StepOutput(emitted, _split(logprobs, emitted)), hidden
+        logprobs, tops = self._logprobs(logits[rows], flat, batch.requests)
+        return StepOutput(emitted, _split(logprobs, emitted), _split(tops, emitted)), hidden
 
     def _padded_target_probs(self, batch: Batch, proposal: DraftProposal, logits: torch.Tensor) -> torch.Tensor:
         """[B, k_max + 1, V] processed target distributions at each drafted position and the bonus."""
@@ -208,10 +213,16 @@ class Engine:
         probs = processed_probs(logits, st)  # [sum(k_b + 1), V]
         return pad_ragged(probs, counts, proposal.token_ids.shape[1] + 1)
 
-    def _logprobs(self, logits: torch.Tensor, tokens: list[int], requests: list[Request]) -> list[float] | None:
+    def _logprobs(self, logits: torch.Tensor, tokens: list[int], requests: list[Request]) -> tuple[list | None, list | None]:
+        """Each emitted token's logprob and, when asked, the most likely alternatives (id, logprob)."""
         if not tokens or not any(r.params.logprobs for r in requests):
-            return None
-        return to_list(token_logprobs(logits, torch.tensor(tokens)))
+            return None, None
+        chosen = to_list(token_logprobs(logits, torch.tensor(tokens)))
+        n = min(max(r.params.top_logprobs for r in requests), logits.shape[-1])
+        if n == 0:
+            return chosen, None
+        values, ids = top_token_logprobs(logits, n)
+        return chosen, [list(zip(i, v)) for i, v in zip(to_list(ids), to_list(values))]
 
     # ---- commit ---------------------------------------------------------------------------
 
@@ -219,7 +230,8 @@ class Engine:
         appended = []
         for b, r in enumerate(batch.requests):
             lp = step_out.logprobs[b] if step_out.logprobs is not None else None
-            new = self.outputs.append(r, step_out.token_ids[b], lp)
+            tops = step_out.top_logprobs[b] if step_out.top_logprobs is not None else None
+            new = self.outputs.append(r, step_out.token_ids[b], lp, tops)
             if new:
                 r.spec_stats.target_forwards += 1
                 r.spec_stats.emitted_tokens += len(new)

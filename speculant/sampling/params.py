@@ -26,6 +26,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: bool = False  # return the log-probability of each emitted token
+    top_logprobs: int = 0  # with logprobs: also the this many most likely tokens at each position
     num_draft_tokens: int | None = None  # per-request speculation length k (None: engine default)
 
     def __post_init__(self) -> None:
@@ -43,6 +44,7 @@ class SamplingParams:
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", "must be non-empty strings", self.stop)
         ids_ok = all(_int_in(t, 0, INT64_MAX) for t in self.stop_token_ids)
         _check(ids_ok, "stop_token_ids", "must be non-negative integers", self.stop_token_ids)
+        _check(_int_in(self.top_logprobs, 0, INT64_MAX), "top_logprobs", "must be an integer >= 0", self.top_logprobs)
         k = self.num_draft_tokens
         _check(k is None or _int_in(k, 0, INT64_MAX), "num_draft_tokens", "must be an integer >= 0", k)
 

@@ -140,6 +140,14 @@ def token_logprobs(
     return chosen - logits.logsumexp(-1)
 
 
+def top_token_logprobs(
+    logits: torch.Tensor,  # [N, V] raw
+    n: int,
+) -> tuple[torch.Tensor, torch.Tensor]:  # ([N, n] float32 logprobs, [N, n] int64 token ids)
+    """The n most likely tokens of each row under log softmax(logits), most likely first."""
+    return logits.float().log_softmax(-1).topk(n, dim=-1)
+
+
 def _mask_top_k_top_p(
     scaled: torch.Tensor,  # [N, V]
     top_k: torch.Tensor,  # [N] int64
@@ -173,4 +181,4 @@ def _one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:  # [N, V] -> [N, V] f
     return one_hot.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
 
 
-__all__ = ["SamplingTensors", "processed_probs", "sample", "token_logprobs"]
+__all__ = ["SamplingTensors", "processed_probs", "sample", "token_logprobs", "top_token_logprobs"]

@@ -133,7 +133,9 @@ class _Handlers:
             raise bad_request(str(exc), "prompt") from None
         ids = await self.encoder.encode(prompt, "prompt")
         max_tokens = self._max_tokens(len(ids), body.output_limit, "max_tokens", "prompt")
-        params = _sampling_params(body, max_tokens, logprobs=body.logprobs is not None)
+        params = _sampling_params(
+            body, max_tokens, logprobs=body.logprobs is not None, top_logprobs=body.logprobs or 0
+        )
         formatter = CompletionFormatter(
             f"cmpl-{uuid.uuid4().hex}", self.model_name, body.logprobs is not None
         )
@@ -146,7 +148,8 @@ class _Handlers:
         field = body.max_tokens_field
         max_tokens = self._max_tokens(len(ids), body.output_limit, field, "messages")
         logprobs = bool(body.logprobs)
-        params = _sampling_params(body, max_tokens, logprobs=logprobs)
+        top = body.top_logprobs or 0
+        params = _sampling_params(body, max_tokens, logprobs=logprobs, top_logprobs=top)
         formatter = ChatFormatter(f"chatcmpl-{uuid.uuid4().hex}", self.model_name, logprobs)
         return await self._serve(request, body, ids, params, formatter, prompt_field="messages")
 
@@ -216,7 +219,10 @@ class _Handlers:
 
 
 def _sampling_params(
-    body: CompletionRequest | ChatCompletionRequest, max_tokens: int | None, logprobs: bool
+    body: CompletionRequest | ChatCompletionRequest,
+    max_tokens: int | None,
+    logprobs: bool,
+    top_logprobs: int,
 ) -> SamplingParams:
     chosen = {
         "temperature": body.temperature,
@@ -230,6 +236,11 @@ def _sampling_params(
     }
     kwargs = {k: v for k, v in chosen.items() if v is not None}
     try:
-        return SamplingParams(**kwargs, logprobs=logprobs, ignore_eos=bool(body.ignore_eos))
+        return SamplingParams(
+            **kwargs,
+            logprobs=logprobs,
+            top_logprobs=top_logprobs,
+            ignore_eos=bool(body.ignore_eos),
+        )
     except ValueError as exc:
         raise bad_request(str(exc), str(exc).split(" ", 1)[0]) from None

@@ -242,7 +242,13 @@ class AsyncEngine:
             return Delta(out)
         new = out.new_token_ids
         logprobs = out.logprobs[len(out.logprobs) - len(new) :] if new else []
-        return Delta(out, logprobs, [self._token_bytes(t) for t in new])
+        tops = None
+        if out.top_logprobs is not None:
+            tops = [
+                [(self._token_bytes(t), v) for t, v in row]
+                for row in (out.top_logprobs[len(out.top_logprobs) - len(new) :] if new else [])
+            ]
+        return Delta(out, logprobs, [self._token_bytes(t) for t in new], tops)
 
     def _fail_all(self) -> None:
         for request_id in list(self.engine.requests):

@@ -35,6 +35,7 @@ class Delta:
     output: RequestOutput
     logprobs: list[float] | None = None  # [len(output.new_token_ids)] when the request asked
     token_bytes: list[bytes] | None = None  # [len(output.new_token_ids)] each token's own bytes
+    top_logprobs: list[list[tuple[bytes, float]]] | None = None  # [len(new_token_ids)][n] alternatives
 
 
 class RequestStream:

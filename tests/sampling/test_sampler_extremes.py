@@ -6,7 +6,12 @@ import pytest
 import torch
 
 from speculant.sampling.params import GREEDY_BELOW, INT64_MAX, SamplingParams
-from speculant.sampling.sampler import SamplingTensors, processed_probs, sample_logits
+from speculant.sampling.sampler import (
+    SamplingTensors,
+    processed_probs,
+    sample_logits,
+    top_token_logprobs,
+)
 
 
 def _logits(rows: int = 4, vocab: int = 50) -> torch.Tensor:
@@ -97,3 +102,14 @@ def test_the_largest_values_that_fit_build_tensors():
     st = SamplingTensors.from_params([params])
     assert st.top_k.item() == INT64_MAX
     torch.Generator().manual_seed(params.seed)
+
+
+def test_top_token_logprobs_are_the_best_tokens_most_likely_first():
+    logits = _logits(3, 40)
+    values, ids = top_token_logprobs(logits, 5)
+    full = logits.log_softmax(-1)
+    assert ids.shape == values.shape == (3, 5)
+    assert torch.equal(ids[:, 0], logits.argmax(-1))
+    assert torch.allclose(values, full.gather(-1, ids))
+    assert (values[:, :-1] >= values[:, 1:]).all()
+    assert (full.sort(-1, descending=True).values[:, 5] <= values[:, -1]).all()

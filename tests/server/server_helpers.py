@@ -131,9 +131,14 @@ class StreamResult:
 
 
 async def stream_sse(
-    client: httpx.AsyncClient, path: str, body: dict, stop_after: int | None = None
+    client: httpx.AsyncClient,
+    path: str,
+    body: dict,
+    stop_after: int | None = None,
+    on_event=None,
 ) -> StreamResult:
-    """POST a streaming request and read its events; `stop_after` events, hang up instead."""
+    """POST a streaming request and read its events; `stop_after` events, hang up instead.
+    `on_event(n)` is called with the number of events read so far."""
     events, done = [], False
     async with client.stream("POST", path, json={**body, "stream": True}) as response:
         if response.status_code != 200:
@@ -148,6 +153,8 @@ async def stream_sse(
                 done = True
                 break
             events.append(json.loads(line[len("data: ") :]))
+            if on_event is not None:
+                on_event(len(events))
             if stop_after is not None and len(events) >= stop_after:
                 break  # leaving the block closes the connection mid-stream
     return StreamResult(200, events, done, dict(response.headers))
