@@ -158,3 +158,40 @@ def test_sigterm_drains_and_exits_cleanly(tiny_folder):
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+@pytest.mark.parametrize("second", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_second_signal_cuts_the_drain_short_and_every_stream_still_ends(tiny_folder, second):
+    """Two signals during ten long streams: each stream ends with an `abort` finish and
+    `[DONE]`, /health says 503 in between, the process exits 0."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SERVE_SCRIPT, str(tiny_folder), str(port), "60"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        _wait_healthy(url, proc)
+        readers = [StreamReader(url, LONG) for _ in range(10)]
+        for reader in readers:
+            reader.start()
+        assert all(reader.started.wait(60) for reader in readers)
+        proc.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + 10
+        while httpx.get(f"{url}/health", timeout=5).status_code != 503:
+            assert time.monotonic() < deadline, "not draining"
+            time.sleep(0.05)
+        proc.send_signal(second)
+        for reader in readers:
+            reader.finish(60)
+            assert reader.finish_reason == "abort"
+        output, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, output
+        assert "server exited" in output and "terminate called" not in output
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
