@@ -45,8 +45,9 @@ def test_extreme_sampling_values_give_the_greedy_text(http, fields):
         (C, {"prompt": ["hi \udfff"]}, "prompt"),
         (X, {"messages": [{"role": "user", "content": "hi \ud800 x"}]}, "messages"),
         (X, {"messages": [{"role": "user", "content": [{"type": "text", "text": "\udc00"}]}]}, "messages"),
+        (X, {"messages": [{"role": "user", "content": "hi", "name": "\ud800"}]}, "messages"),
     ],
-    ids=["completions", "completions-list", "chat", "chat-parts"],
+    ids=["completions", "completions-list", "chat", "chat-parts", "chat-name"],
 )
 def test_a_lone_surrogate_is_a_400_naming_the_field(http, path, body, param):
     content = json.dumps({"model": MODEL, "max_tokens": 2, **body})  # "\\ud800": valid JSON
@@ -54,6 +55,12 @@ def test_a_lone_surrogate_is_a_400_naming_the_field(http, path, body, param):
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == param and "surrogate" in error["message"]
+
+
+def test_an_error_quoting_a_lone_surrogate_is_still_json(http):
+    content = json.dumps({"model": "m\ud800", "prompt": "hi"})
+    response = http.post(C, content=content, headers={"content-type": "application/json"})
+    assert response.status_code == 404 and response.json()["error"]["param"] == "model"
 
 
 def _whole(token: str) -> bool:
