@@ -11,8 +11,6 @@ import pytest
 from server_helpers import MODEL, engine_config, serve
 from victims import alone, assert_unharmed, run_with_victims
 
-import speculant.engine.sampling_rows as sampling_rows
-
 OVERFLOW = 9223372036854775808  # 2**63: one past int64
 
 
@@ -41,6 +39,8 @@ def test_an_int64_overflow_is_a_400_and_streams_in_flight_continue(request, kind
 def test_a_row_that_fails_inside_a_step_aborts_only_its_request(tiny_checkpoint, monkeypatch):
     """A fault injected into one request's sampling row: that request ends with an error, the
     streams sharing its batch finish with the text they get alone."""
+    import speculant.engine.sampling_rows as sampling_rows
+
     marker = 4242  # the seed that singles out the faulty request
     real_row = sampling_rows.sampling_row
 
