@@ -10,20 +10,10 @@ from __future__ import annotations
 
 import re
 
+from speculant.loader.gguf_tokenizer import byte_alphabet
+
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
-
-
-def _byte_level_alphabet() -> dict[str, int]:
-    """Character -> byte of the byte-level BPE alphabet: printable Latin-1 bytes stand for
-    themselves, the other bytes for the characters from U+0100 upwards, in byte order."""
-    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    others = [b for b in range(256) if b not in printable]
-    alphabet = {chr(b): b for b in printable}
-    alphabet.update({chr(0x100 + i): b for i, b in enumerate(others)})
-    return alphabet
-
-
-_ALPHABET = _byte_level_alphabet()
+_ALPHABET = {char: byte for byte, char in byte_alphabet().items()}  # character -> byte
 
 
 class TokenBytes:
