@@ -17,7 +17,8 @@ from victims import VICTIMS, alone, text_of
 
 # ---- what a hostile client sends ----------------------------------------------------------
 
-ANY_TEXT = st.text(st.characters(exclude_categories=()), max_size=24)  # surrogates included
+TRICKY_CHARACTERS = st.sampled_from(["\ud800", "\udfff", "\x00", "\ufffd", "é", "日", "🙂"])
+ANY_TEXT = st.text(st.characters(exclude_categories=()) | TRICKY_CHARACTERS, max_size=24)  # surrogates too
 EDGE_NUMBERS = st.sampled_from(
     [0, 1, -1, 2, 5, 20, 21, 2**31, 2**53, 2**63 - 1, 2**63, 2**64, -(2**63) - 1, 10**30,
      0.0, -0.0, 0.5, 1e-38, 5e-324, 1e-300, 1.0000001, 2.0000001, 1e308, math.inf, -math.inf, math.nan]
@@ -29,24 +30,24 @@ JSON = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(ANY_TEXT, inner, max_size=3),
     max_leaves=6,
 )
-TOKEN_IDS = st.lists(st.integers(min_value=0, max_value=49_151), min_size=1, max_size=6)
-SMALL_MAX_TOKENS = st.integers(min_value=1, max_value=6)
 INT64 = 2**63 - 1
+TOKEN_IDS = st.lists(st.integers(0, 49_151) | st.sampled_from([49_152, INT64 + 1]), min_size=1, max_size=6)
+SMALL_MAX_TOKENS = st.integers(min_value=1, max_value=6)
 
-# In range (edges included): what a careful but unusual client sends. Anything else is JUNK.
+# In range or just past an edge: what a careful but unusual client sends. Anything else is JSON.
 SAMPLING = {
     "model": st.just(MODEL),
-    "temperature": st.floats(0, 2) | st.sampled_from([0, 1e-38, 5e-324, 1e-5, 2]),
-    "top_p": st.floats(0, 1, exclude_min=True) | st.sampled_from([5e-324, 1e-300, 1e-45, 1]),
-    "top_k": st.integers(-1, INT64) | st.sampled_from([-1, 0, 1, INT64]),
+    "temperature": st.floats(0, 2) | st.sampled_from([0, 1e-38, 5e-324, 1e-5, 2, 2.0000001]),
+    "top_p": st.floats(0, 1, exclude_min=True) | st.sampled_from([5e-324, 1e-300, 1e-45, 1, 0]),
+    "top_k": st.integers(-1, INT64) | st.sampled_from([-1, 0, 1, INT64, INT64 + 1, 2**64]),
     "min_p": st.floats(0, 1) | st.sampled_from([0, 1]),
-    "seed": st.integers(0, INT64) | st.sampled_from([0, INT64]),
+    "seed": st.integers(0, INT64) | st.sampled_from([0, INT64, INT64 + 1]),
     "stop": ANY_TEXT | st.lists(ANY_TEXT, max_size=3) | st.none(),
     "n": st.sampled_from([1, None]),
     "stream": st.booleans() | st.none(),
     "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}) | st.none(),
     "ignore_eos": st.booleans(),
-    "num_draft_tokens": st.integers(0, INT64) | st.sampled_from([0, 1, INT64]),
+    "num_draft_tokens": st.integers(0, INT64) | st.sampled_from([0, 1, INT64, INT64 + 1]),
     "presence_penalty": st.sampled_from([0, 0.0, None]),
     "frequency_penalty": st.sampled_from([0, None]),
     "logit_bias": st.sampled_from([{}, None]),
@@ -55,7 +56,7 @@ SAMPLING = {
 COMPLETION = {
     **SAMPLING,
     "prompt": ANY_TEXT | TOKEN_IDS | st.lists(ANY_TEXT, min_size=1, max_size=1) | st.lists(TOKEN_IDS, min_size=1, max_size=1),
-    "max_tokens": SMALL_MAX_TOKENS,
+    "max_tokens": SMALL_MAX_TOKENS | st.sampled_from([None, 10**12, INT64 + 1]),
     "logprobs": st.integers(0, 5) | st.none(),
     "echo": st.sampled_from([False, None]),
     "suffix": st.sampled_from(["", None]),
@@ -70,8 +71,8 @@ MESSAGE = st.fixed_dictionaries(
 CHAT = {
     **SAMPLING,
     "messages": st.lists(MESSAGE, min_size=1, max_size=3),
-    "max_tokens": SMALL_MAX_TOKENS,
-    "max_completion_tokens": SMALL_MAX_TOKENS,
+    "max_tokens": SMALL_MAX_TOKENS | st.sampled_from([10**12]),
+    "max_completion_tokens": SMALL_MAX_TOKENS | st.sampled_from([10**12]),
     "logprobs": st.booleans() | st.none(),
     "top_logprobs": st.integers(0, 20) | st.none(),
     "tools": st.sampled_from([[], None]),
@@ -81,10 +82,10 @@ CHAT = {
 EXTRA_NAMES = st.sampled_from(["repetition_penalty", "functions", "modalities", "logprobs_mode", "x"]) | ANY_TEXT
 
 
-def _bodies(fields: dict, required: str, limits: tuple[str, ...]):
+def _bodies(fields: dict, required: str, limits: tuple[str, ...], short_default: bool):
     """Bodies with a few of the fields, each in range or (one time in six) any JSON value, now
     and then an unknown field or no required field. A reply stays short: a small output limit
-    is added whenever none is present."""
+    is added whenever none is present (and the endpoint's default is long)."""
 
     @st.composite
     def body(draw):
@@ -94,7 +95,9 @@ def _bodies(fields: dict, required: str, limits: tuple[str, ...]):
         out = {n: draw(JSON if draw(st.integers(0, 5)) == 0 else fields[n]) for n in names}
         if draw(st.integers(0, 9)) == 0:
             out[draw(EXTRA_NAMES)] = draw(JSON)
-        if not any(isinstance(out.get(limit), int) for limit in limits):
+        given = [out[limit] for limit in limits if limit in out]
+        short = any(isinstance(v, int) for v in given) or (short_default and not given)
+        if not short:
             out[limits[0]] = draw(SMALL_MAX_TOKENS)
         return out
 
@@ -102,8 +105,8 @@ def _bodies(fields: dict, required: str, limits: tuple[str, ...]):
 
 
 REQUESTS = st.one_of(
-    st.tuples(st.just("/v1/completions"), _bodies(COMPLETION, "prompt", ("max_tokens",))),
-    st.tuples(st.just("/v1/chat/completions"), _bodies(CHAT, "messages", ("max_completion_tokens", "max_tokens"))),
+    st.tuples(st.just("/v1/completions"), _bodies(COMPLETION, "prompt", ("max_tokens",), short_default=True)),
+    st.tuples(st.just("/v1/chat/completions"), _bodies(CHAT, "messages", ("max_completion_tokens", "max_tokens"), short_default=False)),
     st.tuples(st.sampled_from(["/v1/completions", "/v1/chat/completions"]), JSON),
 )
 
