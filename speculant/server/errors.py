@@ -54,7 +54,7 @@ class APIError(Exception):
 
     def response(self) -> Response:
         # ASCII JSON: a message may quote client text holding lone surrogates, which UTF-8 cannot carry.
-        content = json.dumps(self.body())
+        content = json.dumps(self.body(), separators=(",", ":"))
         return Response(content, self.status, self.headers, media_type="application/json")
 
 
