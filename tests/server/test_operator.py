@@ -49,6 +49,11 @@ def test_an_idle_connection_is_closed(timed):
         assert _closed_by_server(sock) == b""
 
 
+def test_an_idle_connection_is_closed_under_the_default_options(server):
+    with _connect(server.url) as sock:
+        assert _closed_by_server(sock, within_s=ServerOptions().header_timeout_s + 10) == b""
+
+
 def test_a_slow_request_head_is_closed(timed):
     with _connect(timed.url) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
