@@ -36,9 +36,11 @@ class DrainingServer(uvicorn.Server):
         self.async_engine = async_engine
         self.drain_timeout_s = drain_timeout_s
         self.hurry = False  # a signal came during the drain: abort what is left now
+        self.signalled = False  # a signal stopped the server
 
     def handle_exit(self, sig: int, frame) -> None:
         """Runs in the signal handler: set flags only (the event loop acts on them)."""
+        self.signalled = True
         if self.should_exit:
             self.hurry = True
         self.should_exit = True
@@ -53,7 +55,10 @@ class DrainingServer(uvicorn.Server):
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
-        """Like uvicorn's, without re-raising the signal afterwards: a drained server exits 0."""
+        """Like uvicorn's, without re-raising the signal afterwards: a drained server exits 0.
+        When a signal stopped the server, SIGINT and SIGTERM are ignored from then on: the
+        process is on its way out, and a late signal (even during interpreter shutdown, which
+        resets Python-level handlers but keeps SIG_IGN) must not kill a cleanly drained exit."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
@@ -64,7 +69,7 @@ class DrainingServer(uvicorn.Server):
             yield
         finally:
             for sig, handler in previous.items():
-                signal.signal(sig, handler)
+                signal.signal(sig, signal.SIG_IGN if self.signalled else handler)
 
 
 def build_server(

@@ -202,3 +202,28 @@ def test_a_second_signal_cuts_the_drain_short_and_every_stream_still_ends(tiny_f
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+def test_signals_that_keep_coming_until_the_process_exits_still_give_exit_0(tiny_folder):
+    """A signal can land anywhere in the exit, even after the drain, during interpreter shutdown."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SERVE_SCRIPT, str(tiny_folder), str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        _wait_healthy(f"http://127.0.0.1:{port}", proc)
+        deadline = time.monotonic() + 60
+        while proc.poll() is None:
+            assert time.monotonic() < deadline, "the server does not exit"
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.02)
+        output, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0, output
+        assert "server exited" in output and "Traceback" not in output
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
