@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from speculant.config import EngineConfig
@@ -55,10 +56,34 @@ def _print_stats(out, engine_stats: dict, speculative: bool) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from speculant.server import run_server
+    from speculant.server import ServerOptions, run_server
 
-    run_server(engine_config(args), host=args.host, port=args.port, model_name=args.served_model_name)
+    options = ServerOptions(
+        api_key=args.api_key or os.environ.get("SPECULANT_API_KEY") or None,
+        allowed_origins=tuple(o.strip() for o in (args.allowed_origins or "").split(",") if o.strip()),
+        enable_docs=args.enable_docs,
+        max_body_bytes=int(args.max_body_mb * (1 << 20)),
+        header_timeout_s=args.header_timeout,
+        body_timeout_s=args.body_timeout,
+        max_connections=args.max_connections or None,
+        drain_timeout_s=args.drain_timeout,
+    )
+    run_server(engine_config(args), host=args.host, port=args.port, model_name=args.served_model_name, options=options)
     return 0
+
+
+def _server_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1/ (default: $SPECULANT_API_KEY)")
+    p.add_argument("--allowed-origins", default=None, help="comma-separated CORS origins ('*' for any; default: no CORS)")
+    p.add_argument("--enable-docs", action="store_true", help="serve /docs, /redoc and /openapi.json")
+    p.add_argument("--max-body-mb", type=float, default=4.0, help="larger request bodies get 413")
+    p.add_argument("--header-timeout", type=float, default=10.0, help="seconds a connection has to send its request head")
+    p.add_argument("--body-timeout", type=float, default=30.0, help="seconds a request has to send its whole body")
+    p.add_argument("--max-connections", type=int, default=512, help="concurrent connections before 503s (0: no limit)")
+    p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM/SIGINT")
 
 
 def _fetch(args: argparse.Namespace) -> int:
@@ -87,9 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=_generate)
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
     add_engine_arguments(serve)
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--served-model-name", default=None)
+    _server_args(serve)
     serve.set_defaults(func=_serve)
     fetch = sub.add_parser("fetch", help="download named models into the cache")
     fetch.add_argument("names", nargs="+")

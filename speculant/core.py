@@ -94,6 +94,7 @@ class Request:
     stop_token_ids: frozenset[int] = frozenset()
     output_token_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
+    output_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
     generator: torch.Generator | None = None
@@ -192,6 +193,7 @@ class StepOutput:
 
     token_ids: list[list[int]]  # [B][n_b]
     logprobs: list[list[float]] | None = None  # [B][n_b] when any request asked for them
+    top_logprobs: list[list[list[tuple[int, float]]]] | None = None  # [B][n_b][n] (id, logprob)
 
 
 @dataclass(frozen=True)
@@ -240,6 +242,7 @@ class RequestOutput:
     finished: bool
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None  # per token: (id, logprob), best first
     num_prompt_tokens: int = 0
     stats: CompletionStats | None = None
     error: str | None = None

@@ -25,6 +25,7 @@ from speculant.core import (
     StepResult,
 )
 from speculant.engine.output import OutputProcessor
+from speculant.engine.sampling_rows import SamplingRows
 from speculant.engine.stats import EngineStats
 from speculant.executor.executor import Executor
 from speculant.executor.loading import load_target
@@ -33,10 +34,10 @@ from speculant.kv_cache.allocator import PageAllocator, PageTables
 from speculant.sampling.acceptance import accept_drafts, pad_ragged
 from speculant.sampling.params import SamplingParams
 from speculant.sampling.sampler import (
-    SamplingTensors,
     processed_probs,
     sample_logits,
     token_logprobs,
+    top_token_logprobs,
 )
 from speculant.scheduler.scheduler import Scheduler
 from speculant.speculative.base import ProposerContext
@@ -66,6 +67,7 @@ class Engine:
         max_tokens = min(self.arch.max_position, self.num_pages * config.cache.page_size + 1)
         self.outputs = OutputProcessor(self.tokenizer, max_tokens)
         self.requests: dict[str, Request] = {}
+        self.rows = SamplingRows(self.device)
         self.stats = EngineStats()
         self.stop_token_ids = _stop_token_ids(self.tokenizer, self.arch)
         self._ids = itertools.count()
@@ -99,6 +101,9 @@ class Engine:
         token_ids = self._tokenize(prompt)
         request = Request(request_id, token_ids, params, stop_token_ids=self.stop_token_ids | set(params.stop_token_ids))
         self._check_fits(request)
+        bad = [t for t in request.params.stop_token_ids if t >= self.arch.vocab_size]
+        if bad:
+            raise ValueError(f"stop_token_ids must be in [0, {self.arch.vocab_size}), got {bad[:5]}")
         return request
 
     def _tokenize(self, prompt: str | list[int]) -> list[int]:
@@ -125,11 +130,13 @@ class Engine:
         if self.pages.pages_for(slots) > self.num_pages:
             raise ValueError(f"prompt needs {self.pages.pages_for(slots)} KV pages, the cache has {self.num_pages}")
 
-    def abort_request(self, request_id: str) -> RequestOutput | None:
+    def abort_request(self, request_id: str, error: str | None = None) -> RequestOutput | None:
+        """Finish a request now: "abort", or "error" with the message when `error` is given."""
         request = self.requests.pop(request_id, None)
         if request is None:
             return None
-        request.status = RequestStatus.FINISHED_ABORTED
+        request.status = RequestStatus.FINISHED_ABORTED if error is None else RequestStatus.FINISHED_ERROR
+        request.error = error
         self._retire(request)
         self.stats.record_finish(request)
         return self.outputs.make_output(request, [])
@@ -140,16 +147,24 @@ class Engine:
     # ---- one step -------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        batch = self.scheduler.schedule()
+        batch, failed = self._without_failed_rows(self.scheduler.schedule())
         if not batch.seqs:
-            return []
+            return failed
         with self.stats.timed_step(batch):
             if self.proposer.speculates(batch):
                 proposal = self.executor.drive(self.proposer.propose(batch))
                 step_out, result = self._verify_and_accept(batch, proposal)
             else:
                 step_out, result = self._forward_and_sample(batch)
-            return self._commit(batch, step_out, result)
+            return failed + self._commit(batch, step_out, result)
+
+    def _without_failed_rows(self, batch: Batch) -> tuple[Batch, list[RequestOutput]]:
+        """The batch minus requests whose sampling rows fail to build; those finish with an error."""
+        failed = self.rows.build(batch.requests)
+        if not failed:
+            return batch, []
+        outputs = [self.abort_request(r.request_id, error) for r, error in failed.items()]
+        return Batch([s for s in batch.seqs if s.request not in failed]), outputs
 
     def _forward_and_sample(self, batch: Batch) -> tuple[StepOutput, StepResult]:
         inputs = [
@@ -167,12 +182,12 @@ class Engine:
         bonus = self._sample_rows(out.logits, samples, sampling)  # [B]
         tokens = to_list(bonus) if sampling else [-1] * len(batch)
         emitted = [[t] if sampled else [] for t, sampled in zip(tokens, samples)]
-        logprobs = self._logprobs(out.logits, [t for e in emitted for t in e], sampling)
+        logprobs, tops = self._logprobs(out.logits, [t for e in emitted for t in e], sampling)
         for s in batch.seqs:
             s.request.num_computed_tokens += s.num_new_tokens
         offsets = _offsets([s.num_new_tokens for s in batch.seqs])
         result = StepResult(batch.requests, offsets, out.hidden, torch.zeros_like(bonus), bonus, emitted, speculative=False)
-        return StepOutput(emitted, _split(logprobs, emitted)), result
+        return StepOutput(emitted, _split(logprobs, emitted), _split(tops, emitted)), result
 
     def _sample_rows(self, logits: torch.Tensor, samples: list[bool], requests: list[Request]) -> torch.Tensor:
         """[B] int64: the sampled token of each sequence that samples (`logits` row by row), -1 elsewhere."""
@@ -183,7 +198,7 @@ class Engine:
         return tokens
 
     def _sample(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
-        st = SamplingTensors.from_params([r.params for r in requests], logits.device)
+        st = self.rows.tensors(requests)
         return sample_logits(logits, st, [r.generator for r in requests], self.generator)
 
     def _verify_and_accept(self, batch: Batch, proposal: DraftProposal) -> tuple[StepOutput, StepResult]:
@@ -215,22 +230,28 @@ class Engine:
         flat = [t for b, e in enumerate(emitted) for t in e]
         offsets = _offsets([k + 1 for k in proposal.num_drafts])
         rows = [start + j for start, e in zip(offsets, emitted) for j in range(len(e))]
-        logprobs = self._logprobs(logits[rows], flat, batch.requests)
+        logprobs, tops = self._logprobs(logits[rows], flat, batch.requests)
         bonus = result.token_ids.gather(1, result.num_accepted[:, None])[:, 0]  # [B]
         step = StepResult(batch.requests, offsets, out.hidden, result.num_accepted, bonus, emitted, speculative=True)
-        return StepOutput(emitted, _split(logprobs, emitted)), step
+        return StepOutput(emitted, _split(logprobs, emitted), _split(tops, emitted)), step
 
     def _padded_target_probs(self, batch: Batch, proposal: DraftProposal, logits: torch.Tensor) -> torch.Tensor:
         """[B, k_max + 1, V] processed target distributions at each drafted position and the bonus."""
         counts = torch.tensor([k + 1 for k in proposal.num_drafts])
-        st = SamplingTensors.from_params([r.params for r in batch.requests], logits.device).repeat_interleave(counts)
+        st = self.rows.tensors(batch.requests).repeat_interleave(counts)
         probs = processed_probs(logits, st)  # [sum(k_b + 1), V]
         return pad_ragged(probs, counts, proposal.token_ids.shape[1] + 1)
 
-    def _logprobs(self, logits: torch.Tensor, tokens: list[int], requests: list[Request]) -> list[float] | None:
+    def _logprobs(self, logits: torch.Tensor, tokens: list[int], requests: list[Request]) -> tuple[list | None, list | None]:
+        """Each emitted token's logprob and, when asked, the most likely alternatives (id, logprob)."""
         if not tokens or not any(r.params.logprobs for r in requests):
-            return None
-        return to_list(token_logprobs(logits, torch.tensor(tokens)))
+            return None, None
+        chosen = to_list(token_logprobs(logits, torch.tensor(tokens)))
+        n = min(max(r.params.top_logprobs for r in requests), logits.shape[-1])
+        if n == 0:
+            return chosen, None
+        values, ids = top_token_logprobs(logits, n)
+        return chosen, [list(zip(i, v)) for i, v in zip(to_list(ids), to_list(values))]
 
     # ---- commit ---------------------------------------------------------------------------
 
@@ -238,7 +259,8 @@ class Engine:
         appended = []
         for b, r in enumerate(batch.requests):
             lp = step_out.logprobs[b] if step_out.logprobs is not None else None
-            new = self.outputs.append(r, step_out.token_ids[b], lp)
+            tops = step_out.top_logprobs[b] if step_out.top_logprobs is not None else None
+            new = self.outputs.append(r, step_out.token_ids[b], lp, tops)
             if new:
                 r.spec_stats.target_forwards += 1
                 r.spec_stats.emitted_tokens += len(new)
@@ -260,6 +282,7 @@ class Engine:
     def _retire(self, request: Request) -> None:
         self.scheduler.remove(request)
         self.proposer.release(request)
+        self.rows.release(request.request_id)
 
 
 def _split(flat: list[float] | None, emitted: list[list[int]]) -> list[list[float]] | None:

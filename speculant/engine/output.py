@@ -22,13 +22,17 @@ class OutputProcessor:
         self.max_position = max_position
         self._text: dict[str, _TextState] = {}
 
-    def append(self, req: Request, tokens: list[int], logprobs: list[float] | None) -> list[int]:
+    def append(
+        self, req: Request, tokens: list[int], logprobs: list[float] | None, tops: list | None = None
+    ) -> list[int]:
         """Append tokens until a stop condition; return those appended and set the status."""
         appended = []
         for i, token in enumerate(tokens):
             req.output_token_ids.append(token)
             if logprobs is not None:
                 req.output_logprobs.append(logprobs[i])
+            if tops is not None and req.params.top_logprobs:
+                req.output_top_logprobs.append(tops[i][: req.params.top_logprobs])
             appended.append(token)
             status = self._stop_status(req, token)
             if status is not None:
@@ -66,6 +70,7 @@ class OutputProcessor:
             finished=req.finished,
             finish_reason=req.status.value if req.finished else None,
             logprobs=list(req.output_logprobs) if req.params.logprobs else None,
+            top_logprobs=list(req.output_top_logprobs) if req.params.top_logprobs else None,
             num_prompt_tokens=req.num_prompt_tokens,
             stats=completion_stats(req) if req.finished else None,
             error=req.error,

@@ -66,7 +66,7 @@ def gguf_tokenizer(gguf: GGUFFile) -> PreTrainedTokenizerFast:
 
 
 @functools.cache
-def _byte_alphabet() -> dict[int, str]:
+def byte_alphabet() -> dict[int, str]:
     """GPT-2's reversible byte -> printable character map, the spelling of byte-level vocabularies."""
     printable = [
         *range(ord("!"), ord("~") + 1),
@@ -80,7 +80,7 @@ def _byte_alphabet() -> dict[int, str]:
 
 @functools.cache
 def _alphabet_chars() -> frozenset[str]:
-    return frozenset(_byte_alphabet().values())
+    return frozenset(byte_alphabet().values())
 
 
 def _spelled(token: str) -> bool:
@@ -88,7 +88,7 @@ def _spelled(token: str) -> bool:
 
 
 def _byte_level_bpe(tokens: list[str], merges: list[str]) -> Tokenizer:
-    alphabet = _byte_alphabet()
+    alphabet = byte_alphabet()
     # A token written in plain text (a mislabelled special token) is respelled in the byte alphabet
     # so the vocabulary stays consistent, as transformers' converter does.
     vocab = {

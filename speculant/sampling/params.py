@@ -1,14 +1,23 @@
-"""User-facing sampling parameters, validated on construction."""
+"""User-facing sampling parameters, validated on construction.
+
+Every value is checked against the tensor it becomes (int64 columns, finite float32 columns, a
+generator seed), so a request that passes here cannot fail while the engine builds its batch.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+INT64_MAX = 2**63 - 1
+SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes any uint64
+GREEDY_BELOW = 1e-5  # temperatures below this sample greedily: logits / t would overflow float32
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int = 64
-    temperature: float = 1.0  # 0 means greedy
+    temperature: float = 1.0  # below GREEDY_BELOW (0 included) means greedy
     top_k: int = 0  # 0 disables
     top_p: float = 1.0
     min_p: float = 0.0
@@ -17,6 +26,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: bool = False  # return the log-probability of each emitted token
+    top_logprobs: int = 0  # with logprobs: also the this many most likely tokens at each position
     num_draft_tokens: int | None = None  # per-request speculation length k (None: engine default)
 
     def __post_init__(self) -> None:
@@ -24,18 +34,31 @@ class SamplingParams:
             object.__setattr__(self, "stop", (self.stop,))
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
-        _check(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", "must be an integer >= 1", self.max_tokens)
-        _check(self.temperature >= 0, "temperature", "must be >= 0", self.temperature)
-        _check(isinstance(self.top_k, int) and self.top_k >= 0, "top_k", "must be an integer >= 0", self.top_k)
-        _check(0 < self.top_p <= 1, "top_p", "must be in (0, 1]", self.top_p)
-        _check(0 <= self.min_p <= 1, "min_p", "must be in [0, 1]", self.min_p)
+        _check(_int_in(self.max_tokens, 1, INT64_MAX), "max_tokens", f"must be an integer in [1, {INT64_MAX}]", self.max_tokens)
+        _check(_real(self.temperature) and self.temperature >= 0, "temperature", "must be a finite number >= 0", self.temperature)
+        _check(_int_in(self.top_k, 0, INT64_MAX), "top_k", f"must be an integer in [0, {INT64_MAX}]", self.top_k)
+        _check(_real(self.top_p) and 0 < self.top_p <= 1, "top_p", "must be in (0, 1]", self.top_p)
+        _check(_real(self.min_p) and 0 <= self.min_p <= 1, "min_p", "must be in [0, 1]", self.min_p)
+        seed = self.seed
+        _check(seed is None or _int_in(seed, 0, SEED_MAX), "seed", f"must be an integer in [0, {SEED_MAX}]", seed)
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", "must be non-empty strings", self.stop)
+        ids_ok = all(_int_in(t, 0, INT64_MAX) for t in self.stop_token_ids)
+        _check(ids_ok, "stop_token_ids", "must be non-negative integers", self.stop_token_ids)
+        _check(_int_in(self.top_logprobs, 0, INT64_MAX), "top_logprobs", "must be an integer >= 0", self.top_logprobs)
         k = self.num_draft_tokens
-        _check(k is None or (isinstance(k, int) and k >= 0), "num_draft_tokens", "must be an integer >= 0", k)
+        _check(k is None or _int_in(k, 0, INT64_MAX), "num_draft_tokens", "must be an integer >= 0", k)
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW
+
+
+def _int_in(value: object, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _real(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _check(ok: bool, name: str, rule: str, value: object) -> None:
@@ -43,4 +66,4 @@ def _check(ok: bool, name: str, rule: str, value: object) -> None:
         raise ValueError(f"{name} {rule}, got {value!r}")
 
 
-__all__ = ["SamplingParams"]
+__all__ = ["GREEDY_BELOW", "INT64_MAX", "SamplingParams"]

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from speculant.sampling.params import SamplingParams
+from speculant.sampling.params import GREEDY_BELOW, SamplingParams
 from speculant.sampling.rng import sample_from_weights
 
 
@@ -49,6 +49,21 @@ class SamplingTensors:
             all_greedy=not sampled,
         )
 
+    @classmethod
+    def cat(cls, rows: Sequence[SamplingTensors]) -> SamplingTensors:
+        """The rows of several tensors sets, in order (e.g. one set per request)."""
+        return cls(
+            temperature=torch.cat([r.temperature for r in rows]),
+            top_k=torch.cat([r.top_k for r in rows]),
+            top_p=torch.cat([r.top_p for r in rows]),
+            min_p=torch.cat([r.min_p for r in rows]),
+            greedy=torch.cat([r.greedy for r in rows]),
+            needs_sort=any(r.needs_sort for r in rows),
+            needs_min_p=any(r.needs_min_p for r in rows),
+            any_greedy=any(r.any_greedy for r in rows),
+            all_greedy=all(r.all_greedy for r in rows),
+        )
+
     def repeat_interleave(self, counts: torch.Tensor | Sequence[int]) -> SamplingTensors:
         """Row b repeated counts[b] times, e.g. once per verified position (k_b + 1)."""
         counts = torch.as_tensor(counts, dtype=torch.int64, device=self.temperature.device)
@@ -76,10 +91,12 @@ def processed_probs(
 
     Top-k keeps exactly k tokens and top-p the smallest prefix of the descending order whose mass
     reaches top_p (always the top token); ties in that order go to the lower token id. Top-p is
-    measured on the top-k distribution. Min-p drops tokens with p < min_p * max(p).
+    measured on the top-k distribution. Min-p drops tokens with p < min_p * max(p). Whatever the
+    parameters, the top token survives every cut-off, and a temperature below GREEDY_BELOW is
+    raised to it (dividing by less overflows float32), so every row is a distribution.
     """
     logits = logits.float()
-    temperature = torch.where(st.greedy, torch.ones_like(st.temperature), st.temperature)
+    temperature = torch.where(st.greedy, 1.0, st.temperature.clamp(min=GREEDY_BELOW))
     scaled = logits / temperature[:, None]
     if st.needs_sort:
         scaled = _mask_top_k_top_p(scaled, st.top_k, st.top_p)
@@ -123,6 +140,14 @@ def token_logprobs(
     return chosen - logits.logsumexp(-1)
 
 
+def top_token_logprobs(
+    logits: torch.Tensor,  # [N, V] raw
+    n: int,
+) -> tuple[torch.Tensor, torch.Tensor]:  # ([N, n] float32 logprobs, [N, n] int64 token ids)
+    """The n most likely tokens of each row under log softmax(logits), most likely first."""
+    return logits.float().log_softmax(-1).topk(n, dim=-1)
+
+
 def _mask_top_k_top_p(
     scaled: torch.Tensor,  # [N, V]
     top_k: torch.Tensor,  # [N] int64
@@ -137,6 +162,7 @@ def _mask_top_k_top_p(
     mass_before = sorted_probs.cumsum(-1) - sorted_probs
     # Rows at top_p == 1 skip the test: float cumsums can pass 1 before the tail.
     drop_sorted |= (mass_before >= top_p[:, None]) & (top_p < 1.0)[:, None]
+    drop_sorted[:, 0] = False  # the top token stays, even for a top_p that rounds to 0
     drop = torch.empty_like(drop_sorted).scatter_(-1, order, drop_sorted)
     return scaled.masked_fill(drop, float("-inf"))
 
@@ -145,8 +171,8 @@ def _apply_min_p(
     probs: torch.Tensor,  # [N, V]
     min_p: torch.Tensor,  # [N]
 ) -> torch.Tensor:  # [N, V]
-    threshold = min_p[:, None] * probs.amax(-1, keepdim=True)
-    kept = probs.masked_fill(probs < threshold, 0.0)
+    top = probs.amax(-1, keepdim=True)
+    kept = probs.masked_fill((probs < min_p[:, None] * top) & (probs < top), 0.0)
     return kept / kept.sum(-1, keepdim=True)
 
 
@@ -155,4 +181,4 @@ def _one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:  # [N, V] -> [N, V] f
     return one_hot.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
 
 
-__all__ = ["SamplingTensors", "processed_probs", "sample", "token_logprobs"]
+__all__ = ["SamplingTensors", "processed_probs", "sample", "token_logprobs", "top_token_logprobs"]

@@ -3,7 +3,9 @@
     POST /v1/completions, POST /v1/chat/completions   (stream=true: server-sent events)
     GET  /v1/models, GET /health, GET /metrics (Prometheus)
 
-The app's lifespan starts the engine thread and, on shutdown, drains it.
+The app's lifespan starts the engine thread and, on shutdown, drains it. Around the routes, from
+the outside in: CORS (only with allowed origins), the API key (only when set), the body limit.
+Prompts are tokenized in the `PromptEncoder`'s threads; the engine thread only admits token ids.
 """
 
 from __future__ import annotations
@@ -15,10 +17,15 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.middleware.cors import CORSMiddleware
 
 from speculant.sampling.params import SamplingParams
 from speculant.server.async_engine import AsyncEngine
+from speculant.server.auth import ApiKeyAuth
 from speculant.server.errors import APIError, bad_request, from_engine_error, install_error_handlers
+from speculant.server.limits import BodyLimit
+from speculant.server.options import ServerOptions
+from speculant.server.prompts import PromptEncoder
 from speculant.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from speculant.server.request_stream import Chat, RequestStream
 from speculant.server.responses import ChatFormatter, CompletionFormatter
@@ -26,6 +33,9 @@ from speculant.server.streaming import Formatter, SSEResponse, collect, sse_even
 
 _SAMPLING_FIELDS = {
     "max_tokens",
+    "max_completion_tokens",
+    "top_logprobs",
+    "logprobs",
     "temperature",
     "top_k",
     "top_p",
@@ -37,21 +47,32 @@ _SAMPLING_FIELDS = {
 
 
 def create_app(
-    async_engine: AsyncEngine, model_name: str, drain_timeout_s: float = 30.0
+    async_engine: AsyncEngine, model_name: str, options: ServerOptions | None = None
 ) -> FastAPI:
-    """`drain_timeout_s`: how long shutdown lets in-flight requests finish before aborting them."""
+    options = options or ServerOptions()
+    encoder = PromptEncoder(async_engine.engine.tokenizer, options.tokenizer_threads)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await async_engine.start()
         yield
-        await async_engine.shutdown(drain_timeout_s)
+        await async_engine.shutdown(options.drain_timeout_s)
+        encoder.close()
 
-    app = FastAPI(title="speculant", lifespan=lifespan)
+    docs = options.enable_docs
+    app = FastAPI(
+        title="speculant",
+        lifespan=lifespan,
+        docs_url="/docs" if docs else None,
+        redoc_url="/redoc" if docs else None,
+        openapi_url="/openapi.json" if docs else None,
+    )
     app.state.async_engine = async_engine
-    app.state.drain_timeout_s = drain_timeout_s
-    install_error_handlers(app, async_engine.metrics.record_error)
-    api = _Handlers(async_engine, model_name)
+    app.state.options = options
+    record_error = async_engine.metrics.record_error
+    install_error_handlers(app, record_error)
+    _add_middleware(app, options, record_error)
+    api = _Handlers(async_engine, model_name, encoder)
     app.get("/v1/models")(api.models)
     app.get("/health")(api.health)
     app.get("/metrics")(api.metrics)
@@ -60,9 +81,30 @@ def create_app(
     return app
 
 
+def _add_middleware(app: FastAPI, options: ServerOptions, record_error) -> None:
+    """Added innermost first: the body limit, then the API key, then CORS outermost (so preflight
+    requests carry no key and refusals still carry CORS headers)."""
+    app.add_middleware(
+        BodyLimit,
+        max_bytes=options.max_body_bytes,
+        timeout_s=options.body_timeout_s,
+        record_error=record_error,
+    )
+    if options.api_key is not None:
+        app.add_middleware(ApiKeyAuth, api_key=options.api_key, record_error=record_error)
+    if options.allowed_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(options.allowed_origins),
+            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
+
+
 class _Handlers:
-    def __init__(self, async_engine: AsyncEngine, model_name: str) -> None:
+    def __init__(self, async_engine: AsyncEngine, model_name: str, encoder: PromptEncoder) -> None:
         self.async_engine = async_engine
+        self.encoder = encoder
         self.model_name = model_name
         self.created = int(time.time())
         self.max_position = async_engine.engine.arch.max_position
@@ -89,21 +131,47 @@ class _Handlers:
             prompt = body.single_prompt()
         except ValueError as exc:
             raise bad_request(str(exc), "prompt") from None
-        params = _sampling_params(body, body.max_tokens, logprobs=body.logprobs is not None)
+        ids = await self.encoder.encode(prompt, "prompt")
+        max_tokens = self._max_tokens(len(ids), body.output_limit, "max_tokens", "prompt")
+        params = _sampling_params(
+            body, max_tokens, logprobs=body.logprobs is not None, top_logprobs=body.logprobs or 0
+        )
         formatter = CompletionFormatter(
             f"cmpl-{uuid.uuid4().hex}", self.model_name, body.logprobs is not None
         )
-        return await self._serve(request, body, prompt, params, formatter, prompt_field="prompt")
+        return await self._serve(request, body, ids, params, formatter, prompt_field="prompt")
 
     async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Response:
         self._check(body)
-        prompt = Chat([m.template_dict() for m in body.messages])
+        ids = await self.encoder.encode(Chat([m.template_dict() for m in body.messages]), "messages")
         # Without a limit a chat reply may run to the end of the context, as in the OpenAI API.
-        params = _sampling_params(
-            body, body.output_limit or self.max_position, logprobs=body.logprobs
-        )
-        formatter = ChatFormatter(f"chatcmpl-{uuid.uuid4().hex}", self.model_name, body.logprobs)
-        return await self._serve(request, body, prompt, params, formatter, prompt_field="messages")
+        field = body.max_tokens_field
+        max_tokens = self._max_tokens(len(ids), body.output_limit, field, "messages")
+        logprobs = bool(body.logprobs)
+        top = body.top_logprobs or 0
+        params = _sampling_params(body, max_tokens, logprobs=logprobs, top_logprobs=top)
+        formatter = ChatFormatter(f"chatcmpl-{uuid.uuid4().hex}", self.model_name, logprobs)
+        return await self._serve(request, body, ids, params, formatter, prompt_field="messages")
+
+    def _max_tokens(self, n: int, requested: int | None, field: str, prompt_field: str) -> int:
+        """The output limit: what was asked, or the rest of the context; more than fits is a 400."""
+        limit = self.max_position
+        if n >= limit:
+            raise bad_request(
+                f"{prompt_field} is {n} tokens, longer than the model's context of {limit} "
+                "(leave room for one output token)",
+                prompt_field,
+            )
+        if requested is None:
+            return limit - n
+        if n + requested > limit:
+            raise bad_request(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{n + requested} tokens ({n} in the {prompt_field}, {requested} in the "
+                f"completion). Please reduce the length of the {prompt_field} or {field}.",
+                field,
+            )
+        return requested
 
     def _check(self, body: CompletionRequest | ChatCompletionRequest) -> None:
         if body.model is not None and body.model != self.model_name:
@@ -121,13 +189,13 @@ class _Handlers:
         self,
         request: Request,
         body: CompletionRequest | ChatCompletionRequest,
-        prompt: str | list[int] | Chat,
+        prompt_ids: list[int],
         params: SamplingParams,
         formatter: Formatter,
         prompt_field: str,
     ) -> Response:
         try:
-            stream = await self.async_engine.submit(formatter.request_id, prompt, params)
+            stream = await self.async_engine.submit(formatter.request_id, prompt_ids, params)
         except Exception as exc:
             raise from_engine_error(exc, _SAMPLING_FIELDS, prompt_field) from None
         if body.stream:
@@ -141,6 +209,8 @@ class _Handlers:
             self._abort_unfinished(stream)
         if result is None:
             return Response(status_code=499)  # the client is gone; nobody reads this
+        if result.last.error is not None:  # the engine failed this request alone
+            raise APIError(500, result.last.error, code="engine_error", type="server_error")
         return Response(formatter.response(result).model_dump_json(), media_type="application/json")
 
     def _abort_unfinished(self, stream: RequestStream) -> None:
@@ -149,7 +219,10 @@ class _Handlers:
 
 
 def _sampling_params(
-    body: CompletionRequest | ChatCompletionRequest, max_tokens: int | None, logprobs: bool
+    body: CompletionRequest | ChatCompletionRequest,
+    max_tokens: int | None,
+    logprobs: bool,
+    top_logprobs: int,
 ) -> SamplingParams:
     chosen = {
         "temperature": body.temperature,
@@ -163,6 +236,11 @@ def _sampling_params(
     }
     kwargs = {k: v for k, v in chosen.items() if v is not None}
     try:
-        return SamplingParams(**kwargs, logprobs=logprobs, ignore_eos=body.ignore_eos)
+        return SamplingParams(
+            **kwargs,
+            logprobs=logprobs,
+            top_logprobs=top_logprobs,
+            ignore_eos=bool(body.ignore_eos),
+        )
     except ValueError as exc:
         raise bad_request(str(exc), str(exc).split(" ", 1)[0]) from None

@@ -3,12 +3,13 @@
 `Engine` is not thread-safe, so one thread owns it: it takes commands (add, abort, drain, stop)
 from a thread-safe queue between steps, runs `engine.step()` while there is work, and hands each
 step's outputs to the event loop with `loop.call_soon_threadsafe`, which fans them out to
-per-request asyncio queues. Scheduling and model forwards therefore never block the event loop,
-and everything that touches the engine or its tokenizer (prompt tokenization, chat templates,
-detokenizing logprob tokens) runs on the engine thread.
+per-request asyncio queues. Scheduling and model forwards therefore never block the event loop.
+Requests arrive as token ids (the HTTP side tokenizes, see `prompts.py`), so admitting one costs
+the engine thread almost nothing; detokenizing output and logprob tokens runs on it.
 
 Shutdown is a drain: stop admitting (callers get `ShuttingDown`), let in-flight requests finish
 until a deadline, abort what is left (its streams end with finish_reason "abort"), then exit.
+`hasten_shutdown` moves the deadline to now.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ from dataclasses import dataclass, field
 
 from speculant.core import RequestOutput
 from speculant.engine.engine import Engine
-from speculant.llm import chat_prompt_ids
 from speculant.sampling.params import SamplingParams
 from speculant.server.metrics import ServerMetrics
-from speculant.server.request_stream import Chat, Delta, EngineFailed, RequestStream, ShuttingDown
+from speculant.server.request_stream import Delta, EngineFailed, RequestStream, ShuttingDown
+from speculant.server.token_bytes import TokenBytes
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ _IDLE_POLL_S = 0.05  # how often an idle engine thread checks a drain deadline
 @dataclass
 class _Add:
     request_id: str
-    prompt: str | list[int] | Chat
+    prompt_ids: list[int]
     params: SamplingParams
     stream: RequestStream
     admitted: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
@@ -72,6 +73,7 @@ class AsyncEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         # Owned by the engine thread:
         self._streams: dict[str, RequestStream] = {}
+        self._token_bytes = TokenBytes(engine.tokenizer)
         self._drain_deadline: float | None = None
         self._stop = False
 
@@ -89,14 +91,19 @@ class AsyncEngine:
     def accepting(self) -> bool:
         return self._accepting and not self._closed
 
+    @property
+    def in_flight(self) -> bool:
+        """Some admitted request has not finished yet (read from the event loop)."""
+        return bool(self._streams) and self._thread is not None and self._thread.is_alive()
+
     async def submit(
-        self, request_id: str, prompt: str | list[int] | Chat, params: SamplingParams
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams
     ) -> RequestStream:
         """Admit a request. Raises ValueError (bad input), QueueFull, ShuttingDown."""
         if not self.accepting or self._thread is None:
             raise ShuttingDown("the server is shutting down")
         stream = RequestStream(request_id)
-        command = _Add(request_id, prompt, params, stream)
+        command = _Add(request_id, prompt_ids, params, stream)
         self._send(command)
         await asyncio.wrap_future(command.admitted)
         return stream
@@ -115,6 +122,14 @@ class AsyncEngine:
         self._accepting = False
         try:
             self._send(_Drain(time.monotonic() + timeout_s))
+        except ShuttingDown:
+            pass
+
+    def hasten_shutdown(self) -> None:
+        """Abort every unfinished request now (a drain already begun, cut short)."""
+        self.begin_shutdown(0.0)
+        try:
+            self._send(_Drain(time.monotonic()))
         except ShuttingDown:
             pass
 
@@ -179,25 +194,13 @@ class AsyncEngine:
         if not command.admitted.set_running_or_notify_cancel():
             return  # the client left before its request reached the engine
         try:
-            self.engine.add_request(
-                self._prompt(command.prompt), command.params, command.request_id
-            )
+            self.engine.add_request(command.prompt_ids, command.params, command.request_id)
         except Exception as exc:  # ValueError, QueueFull: the handler turns them into 4xx
             command.admitted.set_exception(exc)
             return
         self._streams[command.request_id] = command.stream
         self.metrics.request_admitted(command.request_id, command.submitted_at)
         command.admitted.set_result(None)
-
-    def _prompt(self, prompt: str | list[int] | Chat) -> str | list[int]:
-        if not isinstance(prompt, Chat):
-            return prompt
-        try:
-            return chat_prompt_ids(self.engine.tokenizer, prompt.messages)
-        except ValueError:
-            raise
-        except Exception as exc:  # the template rejected the conversation (a jinja2 error)
-            raise ValueError(f"messages: {exc}") from exc
 
     def _abort(self, request_id: str) -> None:
         output = self.engine.abort_request(request_id)
@@ -239,9 +242,13 @@ class AsyncEngine:
             return Delta(out)
         new = out.new_token_ids
         logprobs = out.logprobs[len(out.logprobs) - len(new) :] if new else []
-        tokenizer = self.engine.tokenizer
-        texts = [tokenizer.decode([t]) if tokenizer is not None else "" for t in new]
-        return Delta(out, logprobs, texts)
+        tops = None
+        if out.top_logprobs is not None:
+            tops = [
+                [(self._token_bytes(t), v) for t, v in row]
+                for row in (out.top_logprobs[len(out.top_logprobs) - len(new) :] if new else [])
+            ]
+        return Delta(out, logprobs, [self._token_bytes(t) for t in new], tops)
 
     def _fail_all(self) -> None:
         for request_id in list(self.engine.requests):

@@ -6,11 +6,12 @@ one, so request validation errors are rewritten here.
 
 from __future__ import annotations
 
+import json
 import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from speculant.scheduler.scheduler import QueueFull
@@ -51,8 +52,10 @@ class APIError(Exception):
             }
         }
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+    def response(self) -> Response:
+        # ASCII JSON: a message may quote client text holding lone surrogates, which UTF-8 cannot carry.
+        content = json.dumps(self.body(), separators=(",", ":"))
+        return Response(content, self.status, self.headers, media_type="application/json")
 
 
 def bad_request(message: str, param: str | None = None) -> APIError:
@@ -92,18 +95,18 @@ def install_error_handlers(app: FastAPI, record_error) -> None:
     """`record_error(code)` counts each error response in the metrics."""
 
     @app.exception_handler(APIError)
-    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+    async def _api_error(request: Request, exc: APIError) -> Response:
         record_error(exc.code)
         return exc.response()
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
         err = _from_validation(exc)
         record_error(err.code)
         return err.response()
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
         code = "not_found" if exc.status_code == 404 else "http_error"
         return APIError(exc.status_code, str(exc.detail), code=code).response()
 
@@ -123,4 +126,6 @@ def _from_validation(exc: RequestValidationError) -> APIError:
     if not loc:  # the body itself: missing, or not an object
         return bad_request(f"the request body must be a JSON object: {first.get('msg', '')}")
     param = loc[0]  # the top-level field; deeper parts name union members as often as fields
+    if first.get("type") == "extra_forbidden":
+        return bad_request(f"'{'.'.join(loc)}' is not supported", param)
     return bad_request(f"invalid value for '{param}': {first.get('msg', '')}", param)

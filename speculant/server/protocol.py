@@ -1,9 +1,11 @@
 """Request bodies of the OpenAI-compatible API, validated by pydantic.
 
 Models are strict (no "5" -> 5 coercion) so a wrong type is a 400 naming the field, as the OpenAI
-API does. Unknown fields are ignored: clients send newer OpenAI parameters freely. Fields this
-engine cannot honour (n > 1, echo, penalties, logit_bias, tools) are rejected in `unsupported()`
-rather than silently ignored, because ignoring them would change the meaning of the request.
+API does. Every field a request may carry is declared here and an undeclared one is a 400 naming
+it: ignoring a field (a response format, a penalty, tools) would silently change the meaning of
+the request. Declared OpenAI fields this engine cannot honour in some values (n > 1, echo,
+penalties, logit_bias, tools, a non-text response format) are refused in `unsupported()`.
+`null` means the same as leaving a field out.
 
 Extensions beyond the OpenAI schema: `top_k`, `min_p`, `ignore_eos`, `num_draft_tokens` in requests
 and a `speculation` object in responses (see `responses.py`).
@@ -16,31 +18,33 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 _SEED_MAX = 2**63 - 1
+_INT64_MAX = 2**63 - 1
+COMPLETION_MAX_TOKENS_DEFAULT = 16  # the OpenAI default for completions
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="forbid")
 
-    include_usage: bool = False
+    include_usage: bool | None = None
 
 
 class _SamplingFields(BaseModel):
     """Fields both endpoints share; ranges follow the OpenAI API reference."""
 
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="forbid")
 
     model: str | None = None  # None: the served model (OpenAI requires it; curl users forget it)
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    top_k: Annotated[int, Field(ge=-1)] | None = None  # -1 or 0 disable it (vLLM's spelling is -1)
+    top_k: Annotated[int, Field(ge=-1, le=_INT64_MAX)] | None = None  # -1 or 0 disable it (vLLM's spelling is -1)
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     seed: Annotated[int, Field(ge=0, le=_SEED_MAX)] | None = None
     stop: str | list[str] | None = None
     n: Annotated[int, Field(ge=1)] | None = None
-    stream: bool = False
+    stream: bool | None = None
     stream_options: StreamOptions | None = None
-    ignore_eos: bool = False
-    num_draft_tokens: Annotated[int, Field(ge=0)] | None = None
+    ignore_eos: bool | None = None
+    num_draft_tokens: Annotated[int, Field(ge=0, le=_INT64_MAX)] | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
@@ -62,14 +66,14 @@ class _SamplingFields(BaseModel):
         return None
 
 
-TokenIds = list[Annotated[int, Field(ge=0)]]
+TokenIds = list[Annotated[int, Field(ge=0, le=_INT64_MAX)]]
 
 
 class CompletionRequest(_SamplingFields):
     prompt: str | TokenIds | list[str] | list[TokenIds]
-    max_tokens: Annotated[int, Field(ge=1)] | None = 16  # the OpenAI default for completions
-    logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
-    echo: bool = False
+    max_tokens: Annotated[int, Field(ge=1, le=_INT64_MAX)] | None = None
+    logprobs: Annotated[int, Field(ge=0, le=5)] | None = None  # N: the chosen token + N alternatives
+    echo: bool | None = None
     suffix: str | None = None
     best_of: Annotated[int, Field(ge=1)] | None = None
 
@@ -81,6 +85,10 @@ class CompletionRequest(_SamplingFields):
         if self.best_of not in (None, 1):
             return "best_of", "best_of > 1 is not supported"
         return super().unsupported()
+
+    @property
+    def output_limit(self) -> int:
+        return self.max_tokens if self.max_tokens is not None else COMPLETION_MAX_TOKENS_DEFAULT
 
     def single_prompt(self) -> str | list[int]:
         """The one prompt; a batch of several prompts is a 400 (one request per prompt)."""
@@ -95,14 +103,14 @@ class CompletionRequest(_SamplingFields):
 
 
 class TextPart(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="forbid")
 
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="forbid")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
@@ -119,18 +127,36 @@ class ChatMessage(BaseModel):
         return message
 
 
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")  # json_schema etc.: refused by type
+
+    type: str
+
+
 class ChatCompletionRequest(_SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
-    logprobs: bool = False
+    max_tokens: Annotated[int, Field(ge=1, le=_INT64_MAX)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1, le=_INT64_MAX)] | None = None
+    logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+    response_format: ResponseFormat | None = None
 
     def unsupported(self) -> tuple[str, str] | None:
         if self.tools:
             return "tools", "tools are not supported"
+        if self.tool_choice not in (None, "none"):
+            return "tool_choice", "tool_choice is not supported (only 'none')"
+        if self.response_format is not None and self.response_format.type != "text":
+            return "response_format", "response_format other than {'type': 'text'} is not supported"
+        if self.top_logprobs and not self.logprobs:
+            return "top_logprobs", "top_logprobs requires logprobs to be true"
         return super().unsupported()
+
+    @property
+    def max_tokens_field(self) -> str:
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
 
     @property
     def output_limit(self) -> int | None:
@@ -163,8 +189,8 @@ class Speculation(BaseModel):
 class CompletionLogprobs(BaseModel):
     tokens: list[str]
     token_logprobs: list[float]
-    text_offset: list[int]
-    top_logprobs: None = None  # alternatives are not computed
+    text_offset: list[int]  # characters into the completion text where each token starts
+    top_logprobs: list[dict[str, float]] | None = None  # with logprobs > 0: token -> logprob
 
 
 class CompletionChoice(BaseModel):
@@ -186,11 +212,17 @@ class CompletionResponse(BaseModel):
     speculation: Speculation | None = None
 
 
-class TokenLogprob(BaseModel):
+class TopLogprob(BaseModel):
     token: str
     logprob: float
     bytes: list[int]
-    top_logprobs: list = []  # alternatives are not computed
+
+
+class TokenLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]  # the token's own bytes, even when they are part of a UTF-8 character
+    top_logprobs: list[TopLogprob] = []
 
 
 class ChatLogprobs(BaseModel):

@@ -23,7 +23,7 @@ class EngineFailed(RuntimeError):
 
 @dataclass(frozen=True)
 class Chat:
-    """A chat prompt, rendered with the model's chat template on the engine thread."""
+    """A chat prompt, rendered with the model's chat template by the `PromptEncoder`."""
 
     messages: list[dict]
 
@@ -34,7 +34,8 @@ class Delta:
 
     output: RequestOutput
     logprobs: list[float] | None = None  # [len(output.new_token_ids)] when the request asked
-    token_texts: list[str] | None = None  # [len(output.new_token_ids)] each token decoded alone
+    token_bytes: list[bytes] | None = None  # [len(output.new_token_ids)] each token's own bytes
+    top_logprobs: list[list[tuple[bytes, float]]] | None = None  # [len(new_token_ids)][n] alternatives
 
 
 class RequestStream:

@@ -8,6 +8,7 @@ more chunk follows with empty choices and the usage, as in the OpenAI API.
 
 from __future__ import annotations
 
+import codecs
 import time
 from dataclasses import dataclass, field
 
@@ -24,9 +25,11 @@ from speculant.server.protocol import (
     CompletionResponse,
     Speculation,
     TokenLogprob,
+    TopLogprob,
     Usage,
 )
 from speculant.server.request_stream import Delta
+from speculant.server.token_bytes import token_text
 
 
 @dataclass
@@ -35,13 +38,15 @@ class Collected:
 
     text: str = ""
     logprobs: list[float] = field(default_factory=list)
-    token_texts: list[str] = field(default_factory=list)
+    token_bytes: list[bytes] = field(default_factory=list)
+    top_logprobs: list[list[tuple[bytes, float]]] = field(default_factory=list)
     last: RequestOutput | None = None  # the finished output: token ids, finish reason, stats
 
     def add(self, delta: Delta) -> None:
         self.text += delta.output.new_text
         self.logprobs += delta.logprobs or []
-        self.token_texts += delta.token_texts or []
+        self.token_bytes += delta.token_bytes or []
+        self.top_logprobs += delta.top_logprobs or []
         self.last = delta.output
 
 
@@ -84,7 +89,8 @@ class _Formatter:
 class CompletionFormatter(_Formatter):
     def __init__(self, request_id: str, model: str, logprobs: bool) -> None:
         super().__init__(request_id, model, logprobs)
-        self._offset = 0  # characters of completion text already streamed
+        self._chars = 0  # characters completed by the tokens so far
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def first_chunk(self) -> CompletionResponse | None:
         return None
@@ -92,8 +98,7 @@ class CompletionFormatter(_Formatter):
     def chunk(self, delta: Delta) -> CompletionResponse:
         out = delta.output
         finish_reason, speculation = self._tail(out)
-        logprobs = self._logprobs(delta.token_texts or [], delta.logprobs or [], self._offset)
-        self._offset += len(out.new_text)
+        logprobs = self._logprobs(delta.token_bytes or [], delta.logprobs or [], delta.top_logprobs)
         choice = CompletionChoice(text=out.new_text, logprobs=logprobs, finish_reason=finish_reason)
         return CompletionResponse(**self._head(), choices=[choice], speculation=speculation)
 
@@ -102,7 +107,7 @@ class CompletionFormatter(_Formatter):
 
     def response(self, result: Collected) -> CompletionResponse:
         out = result.last
-        logprobs = self._logprobs(result.token_texts, result.logprobs, 0)
+        logprobs = self._logprobs(result.token_bytes, result.logprobs, result.top_logprobs or None)
         choice = CompletionChoice(
             text=result.text, logprobs=logprobs, finish_reason=out.finish_reason
         )
@@ -114,15 +119,27 @@ class CompletionFormatter(_Formatter):
         )
 
     def _logprobs(
-        self, texts: list[str], values: list[float], start: int
+        self, pieces: list[bytes], values: list[float], tops: list | None
     ) -> CompletionLogprobs | None:
         if not self.logprobs:
             return None
-        offsets, at = [], start
-        for text in texts:  # offsets of each token's text; approximate where a stop string cut it
-            offsets.append(at)
-            at += len(text)
-        return CompletionLogprobs(tokens=texts, token_logprobs=values, text_offset=offsets)
+        offsets = []
+        for piece in pieces:
+            offsets.append(self._chars + self._flushed_by(piece))
+            self._chars += len(self._utf8.decode(piece))
+        return CompletionLogprobs(
+            tokens=[token_text(p) for p in pieces],
+            token_logprobs=values,
+            text_offset=offsets,
+            top_logprobs=[{token_text(p): v for p, v in row} for row in tops] if tops else None,
+        )
+
+
+    def _flushed_by(self, piece: bytes) -> int:
+        """1 when `piece` ends a pending partial character that becomes U+FFFD before it, else 0
+        (a token inside a character starts at that character)."""
+        pending = self._utf8.getstate()[0]
+        return int(bool(pending and piece and not 0x80 <= piece[0] <= 0xBF))
 
 
 class ChatFormatter(_Formatter):
@@ -137,7 +154,9 @@ class ChatFormatter(_Formatter):
         finish_reason, speculation = self._tail(out)
         choice = ChatChunkChoice(
             delta={"content": out.new_text} if out.new_text else {},
-            logprobs=self._logprobs(delta.token_texts or [], delta.logprobs or []),
+            logprobs=self._logprobs(
+                delta.token_bytes or [], delta.logprobs or [], delta.top_logprobs
+            ),
             finish_reason=finish_reason,
         )
         return ChatCompletionChunk(**self._head(), choices=[choice], speculation=speculation)
@@ -149,7 +168,9 @@ class ChatFormatter(_Formatter):
         out = result.last
         choice = ChatChoice(
             message=AssistantMessage(content=result.text),
-            logprobs=self._logprobs(result.token_texts, result.logprobs),
+            logprobs=self._logprobs(
+                result.token_bytes, result.logprobs, result.top_logprobs or None
+            ),
             finish_reason=out.finish_reason,
         )
         return ChatCompletionResponse(
@@ -159,11 +180,19 @@ class ChatFormatter(_Formatter):
             speculation=speculation_of(out.stats),
         )
 
-    def _logprobs(self, texts: list[str], values: list[float]) -> ChatLogprobs | None:
+    def _logprobs(
+        self, pieces: list[bytes], values: list[float], tops: list | None
+    ) -> ChatLogprobs | None:
         if not self.logprobs:
             return None
+        rows = tops or [[] for _ in pieces]
         content = [
-            TokenLogprob(token=t, logprob=v, bytes=list(t.encode("utf-8")))
-            for t, v in zip(texts, values, strict=True)
+            TokenLogprob(
+                token=token_text(p),
+                logprob=v,
+                bytes=list(p),
+                top_logprobs=[TopLogprob(token=token_text(b), logprob=x, bytes=list(b)) for b, x in row],
+            )
+            for p, v, row in zip(pieces, values, rows, strict=True)
         ]
         return ChatLogprobs(content=content)

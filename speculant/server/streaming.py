@@ -54,19 +54,17 @@ async def sse_events(
             yield sse(formatter.chunk(delta))
             if delta.output.finished and include_usage:
                 yield sse(formatter.usage_chunk(delta.output))
+            if delta.output.error is not None:  # the engine failed this request alone
+                yield _error_event(delta.output.error)
     except EngineFailed as exc:
-        # Headers are gone already; OpenAI clients raise on an `error` event.
-        yield sse(
-            {
-                "error": {
-                    "message": str(exc),
-                    "type": "server_error",
-                    "param": None,
-                    "code": "engine_error",
-                }
-            }
-        )
+        yield _error_event(str(exc))
     yield "data: [DONE]\n\n"
+
+
+def _error_event(message: str) -> str:
+    """Headers are gone already; OpenAI clients raise on an `error` event."""
+    error = {"message": message, "type": "server_error", "param": None, "code": "engine_error"}
+    return sse({"error": error})
 
 
 async def collect(stream: RequestStream, request: Request) -> Collected | None:

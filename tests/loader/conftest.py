@@ -27,7 +27,7 @@ from transformers import (
 )
 
 from speculant.loader.gguf_loader import permute_qk, unpermute_qk
-from speculant.loader.gguf_tokenizer import _byte_alphabet, _byte_level_bpe
+from speculant.loader.gguf_tokenizer import _byte_level_bpe, byte_alphabet
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MERGES = ["Ġ t", "h e", "Ġt he", "Ġ a", "i n", "Ġ w", "o r", "Ġw or", "l d", "Ġwor ld", "1 2"]
@@ -48,7 +48,7 @@ HF_TO_GGUF = {
 
 
 def tiny_vocab() -> list[str]:
-    tokens = list(_byte_alphabet().values())
+    tokens = list(byte_alphabet().values())
     tokens += ["".join(m.split(" ")) for m in MERGES]
     return SPECIALS + tokens
 

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import httpx
 
@@ -25,7 +25,7 @@ from speculant.config import (
     SpeculativeConfig,
 )
 from speculant.engine.engine import Engine
-from speculant.server import AsyncEngine, build_server
+from speculant.server import AsyncEngine, ServerOptions, build_server
 from speculant.server.runner import DrainingServer
 
 MODEL = "tiny-smol"
@@ -76,14 +76,17 @@ def free_port() -> int:
 
 @contextmanager
 def serve(
-    checkpoint, config: EngineConfig, drain_timeout_s: float = 5.0, draft_checkpoint=None
+    checkpoint,
+    config: EngineConfig,
+    drain_timeout_s: float = 5.0,
+    draft_checkpoint=None,
+    options: ServerOptions | None = None,
 ) -> Iterator[RunningServer]:
     engine = Engine(config, checkpoint=checkpoint, draft_checkpoint=draft_checkpoint)
     async_engine = AsyncEngine(engine)
     port = free_port()
-    server = build_server(
-        async_engine, MODEL, port=port, drain_timeout_s=drain_timeout_s, log_level="warning"
-    )
+    options = replace(options or ServerOptions(), drain_timeout_s=drain_timeout_s)
+    server = build_server(async_engine, MODEL, port=port, options=options, log_level="warning")
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -128,9 +131,14 @@ class StreamResult:
 
 
 async def stream_sse(
-    client: httpx.AsyncClient, path: str, body: dict, stop_after: int | None = None
+    client: httpx.AsyncClient,
+    path: str,
+    body: dict,
+    stop_after: int | None = None,
+    on_event=None,
 ) -> StreamResult:
-    """POST a streaming request and read its events; `stop_after` events, hang up instead."""
+    """POST a streaming request and read its events; `stop_after` events, hang up instead.
+    `on_event(n)` is called with the number of events read so far."""
     events, done = [], False
     async with client.stream("POST", path, json={**body, "stream": True}) as response:
         if response.status_code != 200:
@@ -145,6 +153,8 @@ async def stream_sse(
                 done = True
                 break
             events.append(json.loads(line[len("data: ") :]))
+            if on_event is not None:
+                on_event(len(events))
             if stop_after is not None and len(events) >= stop_after:
                 break  # leaving the block closes the connection mid-stream
     return StreamResult(200, events, done, dict(response.headers))

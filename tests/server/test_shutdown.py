@@ -103,9 +103,10 @@ def test_draining_refuses_new_requests_and_finishes_in_flight_ones(tiny_checkpoi
 SERVE_SCRIPT = """
 import sys
 from speculant.config import CacheConfig, EngineConfig, ModelConfig
-from speculant.server import run_server
+from speculant.server import ServerOptions, run_server
 config = EngineConfig(model=ModelConfig(model=sys.argv[1]), cache=CacheConfig(page_size=16, num_pages=256))
-run_server(config, "127.0.0.1", int(sys.argv[2]), model_name="tiny-smol", drain_timeout_s=1.0, log_level="warning")
+options = ServerOptions(drain_timeout_s=float(sys.argv[3]) if len(sys.argv) > 3 else 1.0)
+run_server(config, "127.0.0.1", int(sys.argv[2]), model_name="tiny-smol", options=options, log_level="warning")
 print("server exited", flush=True)
 """
 
@@ -132,6 +133,13 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 90.0) -> 
     raise AssertionError("the server did not come up")
 
 
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=5).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
 def test_sigterm_drains_and_exits_cleanly(tiny_folder):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -153,6 +161,68 @@ def test_sigterm_drains_and_exits_cleanly(tiny_folder):
         output, _ = proc.communicate(timeout=30)
         assert proc.returncode == 0, output
         assert "server exited" in output
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+@pytest.mark.parametrize("second", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_second_signal_cuts_the_drain_short_and_every_stream_still_ends(tiny_folder, second):
+    """Two signals during ten long streams: each stream ends with an `abort` finish and
+    `[DONE]`, the process exits 0."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SERVE_SCRIPT, str(tiny_folder), str(port), "60"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        _wait_healthy(url, proc)
+        readers = [StreamReader(url, LONG) for _ in range(10)]
+        for reader in readers:
+            reader.start()
+        assert all(reader.started.wait(60) for reader in readers)
+        proc.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + 10
+        while _healthy(url):  # the drain has begun once /health stops saying ok
+            assert time.monotonic() < deadline, "not draining"
+            time.sleep(0.05)
+        proc.send_signal(second)
+        for reader in readers:
+            reader.finish(60)
+            assert reader.finish_reason == "abort"
+        output, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, output
+        assert "server exited" in output and "terminate called" not in output
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def test_signals_that_keep_coming_until_the_process_exits_still_give_exit_0(tiny_folder):
+    """A signal can land anywhere in the exit, even after the drain, during interpreter shutdown."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SERVE_SCRIPT, str(tiny_folder), str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        _wait_healthy(f"http://127.0.0.1:{port}", proc)
+        deadline = time.monotonic() + 60
+        while proc.poll() is None:
+            assert time.monotonic() < deadline, "the server does not exit"
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.02)
+        output, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0, output
+        assert "server exited" in output and "Traceback" not in output
     finally:
         if proc.poll() is None:
             proc.kill()
