@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from speculant.core import Request, RequestStatus
 from speculant.engine.detokenizer import MAX_PENDING_TOKENS, IncrementalDetokenizer
 from speculant.engine.output import OutputProcessor, _first_stop, _longest
-from speculant.loader.gguf_tokenizer import _byte_alphabet
+from speculant.loader.gguf_tokenizer import byte_alphabet
 from speculant.sampling.params import SamplingParams
 
 TEXTS = [
@@ -54,7 +54,7 @@ def _full(tokenizer, token_ids: list[int]) -> str:
 
 def _utf8_byte_tokens(tokenizer, text: str) -> list[int]:
     """`text` spelled one byte token at a time (characters split over tokens)."""
-    alphabet = _byte_alphabet()  # byte -> its character in the byte-level vocabulary
+    alphabet = byte_alphabet()  # byte -> its character in the byte-level vocabulary
     return [tokenizer.convert_tokens_to_ids(alphabet[b]) for b in text.encode()]
 
 
