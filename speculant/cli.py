@@ -31,6 +31,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    help="the draft's dtype (default: --dtype); bfloat16 speeds a CPU draft's single-token steps")
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--kv-cache-mb", type=int, default=1024)
+    p.add_argument("--memory-budget", type=float, default=None,
+                   help="bytes for everything (weights, KV, workspaces), or a fraction in (0, 1] of free "
+                        "device memory; the KV cache gets what the memory plan leaves (overrides --kv-cache-mb)")
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=512)
     p.add_argument("--max-waiting", type=int, default=1024)
@@ -39,7 +42,7 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=ModelConfig(args.model, args.dtype, args.device, args.attention_backend, args.seed),
-        cache=CacheConfig(page_size=args.page_size, kv_cache_bytes=args.kv_cache_mb << 20),
+        cache=CacheConfig(page_size=args.page_size, kv_cache_bytes=args.kv_cache_mb << 20, memory_budget=args.memory_budget),
         scheduler=SchedulerConfig(args.max_num_seqs, args.max_num_batched_tokens, args.max_waiting),
         speculative=SpeculativeConfig(
             method=args.speculative,
@@ -62,6 +65,8 @@ def _generate(args: argparse.Namespace) -> int:
         stop=tuple(args.stop or ()),
     )
     llm = LLM(config=engine_config(args))
+    if args.verbose:
+        print(f"memory plan ({llm.engine.num_pages} KV pages):\n{llm.engine.memory.describe()}", file=sys.stderr)
     prompt = llm.apply_chat_template([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
     if args.stream:
         out = None
@@ -117,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--request-seed", type=int, default=None)
     gen.add_argument("--stop", action="append", help="stop string (repeatable)")
     gen.add_argument("--stream", action="store_true", help="print text as it is generated")
+    gen.add_argument("--verbose", action="store_true", help="print the memory plan at start-up")
     gen.set_defaults(func=_generate)
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
     _engine_args(serve)

@@ -80,12 +80,18 @@ class CacheConfig:
     """Paged KV cache: pages of `page_size` token slots, shared by every model of the engine."""
 
     page_size: int = 16
-    kv_cache_bytes: int = 1 << 30  # budget for all models' K/V together
-    num_pages: int | None = None  # overrides the byte budget (tests use it to force preemption)
+    kv_cache_bytes: int = 1 << 30  # budget for all models' K/V together (when memory_budget is None)
+    num_pages: int | None = None  # overrides both budgets (tests use it to force preemption)
+    # Everything the engine holds (weights, K/V, workspaces): bytes when > 1, else a fraction in
+    # (0, 1] of the free device memory at start-up. When set, the KV cache gets what the memory
+    # plan leaves (and must hold one full-context sequence); None: kv_cache_bytes sizes the KV.
+    memory_budget: float | None = None
 
     def __post_init__(self) -> None:
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+        if self.memory_budget is not None and not self.memory_budget > 0:
+            raise ValueError(f"memory_budget must be bytes (> 1) or a fraction in (0, 1], got {self.memory_budget}")
         if self.num_pages is not None and self.num_pages < 1:
             raise ValueError(f"num_pages must be >= 1, got {self.num_pages}")
 

@@ -13,6 +13,7 @@ import torch
 from speculant.attention.batch import SeqInput, build_forward_batch
 from speculant.config import EngineConfig
 from speculant.core import Batch, DraftProposal, Request, RequestOutput, RequestStatus, StepOutput
+from speculant.engine.memory import plan_engine, resolve_budget
 from speculant.engine.output import OutputProcessor
 from speculant.engine.stats import EngineStats
 from speculant.executor.loading import load_target
@@ -35,13 +36,14 @@ class Engine:
     def __init__(self, config: EngineConfig, checkpoint=None, draft_checkpoint=None) -> None:
         self.config = config
         self.device = torch.device(config.model.device)
+        budget = resolve_budget(config.cache.memory_budget, self.device)  # free memory before any weight
         self.target, self.tokenizer = load_target(config, checkpoint)
         self.arch = self.target.arch
         self.generator = torch.Generator().manual_seed(config.model.seed)
         self.proposer = create_proposer(
             ProposerContext(config.speculative, config.model, self.target, self.device, self.generator, draft_checkpoint)
         )
-        self.num_pages = self._allocate_cache()
+        self.num_pages = self._allocate_cache(budget)
         self.pages = PageTables(PageAllocator(self.num_pages), config.cache.page_size)
         self.proposer.bind(self.pages)
         self.scheduler = Scheduler(config.scheduler, self.pages, self.proposer.lookahead_slots, self.proposer.release)
@@ -54,15 +56,12 @@ class Engine:
         self.stop_token_ids = _stop_token_ids(self.tokenizer, self.arch)
         self._ids = itertools.count()
 
-    def _allocate_cache(self) -> int:
-        """Pages from the byte budget, counting every model's K/V bytes per page."""
-        cache = self.config.cache
-        runners = [self.target] + self.proposer.runners
-        per_page = sum(r.kv_bytes_per_page(cache.page_size) for r in runners)
-        num_pages = cache.num_pages or max(1, cache.kv_cache_bytes // per_page)
-        for runner in runners:
-            runner.allocate_kv(num_pages, cache.page_size)
-        return num_pages
+    def _allocate_cache(self, budget: int | None) -> int:
+        """Pages from the memory plan (`speculant.engine.memory`), every model's K/V per page."""
+        self.memory = plan_engine(self.config, self.target, self.proposer, budget)
+        for runner in [self.target] + self.proposer.runners:
+            runner.allocate_kv(self.memory.num_pages, self.config.cache.page_size)
+        return self.memory.num_pages
 
     # ---- requests -------------------------------------------------------------------------
 
