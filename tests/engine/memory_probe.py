@@ -13,11 +13,18 @@ import sys
 
 import torch
 import torch.nn.functional as F
+from testkit import TinyCheckpoint, tiny_hf_model
 
-from speculant.config import CacheConfig, DraftModelConfig, EngineConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
+from speculant.config import (
+    CacheConfig,
+    DraftModelConfig,
+    EngineConfig,
+    ModelConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+)
 from speculant.engine.engine import Engine
 from speculant.sampling.params import SamplingParams
-from testkit import TinyCheckpoint, tiny_hf_model
 
 BATCH, K, PAGE = 16, 4, 16
 BUDGET = 320 << 20
