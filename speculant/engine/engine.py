@@ -108,7 +108,10 @@ class Engine:
             raise ValueError(f"prompt is {n} tokens, longer than the model's context of {limit} (leave room for one output token)")
         slots = n + 1 + self.proposer.lookahead_slots(request)
         if self.pages.pages_for(slots) > self.num_pages:
-            raise ValueError(f"prompt needs {self.pages.pages_for(slots)} KV pages, the cache has {self.num_pages}")
+            raise ValueError(
+                f"prompt needs {self.pages.pages_for(slots)} KV pages, the cache has {self.num_pages} "
+                f"({self.memory.kv_cache} bytes; memory_budget or kv_cache_bytes sizes it)"
+            )
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         request = self.requests.pop(request_id, None)

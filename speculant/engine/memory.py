@@ -30,12 +30,6 @@ MIB = 1 << 20
 # (3), bool masks (1/4 each). Measured with N = 80, V = 32,000: 7.5 (the padded target probs,
 # counted in `verify`, included); acceptance's [B, V] buffers come after these are freed.
 SAMPLING_ROWS = 7
-# Live [T, hidden]/[T, intermediate]-sized activations of one decoder layer: the residual, the
-# normed input, and the gate/up product twice while `linear` makes it contiguous ([T, 2I] x 2),
-# then silu(gate) and its product with up; the attention half (qkv twice, rotary temporaries)
-# is smaller for every Llama-family shape.
-ACTIVATION_HIDDEN_ROWS = 4
-ACTIVATION_INTERMEDIATE_ROWS = 5
 
 
 @dataclass(frozen=True)
@@ -50,7 +44,9 @@ class MemoryPlan:
     verify: int  # target logits [N, V] fp32, plus the padded target probs [B, k + 1, V] fp32 when k > 0
     sampling: int  # SAMPLING_ROWS * [N, V] fp32: temporaries of the processed target probs
     activations: int  # one forward's layer activations at T tokens (max over models)
-    attention: int  # the attention backend's workspace for the largest step (max over models)
+    # Each model's attention backend workspace for the largest step, summed: FlashInfer keeps
+    # one per backend; the torch reference's are transient, so the sum overcounts by the smaller.
+    attention: int
     num_pages: int = dataclasses.field(default=0, metadata={"bytes": False})  # KV pages (a count)
 
     @property
@@ -99,7 +95,7 @@ def plan_memory(config: EngineConfig, target: ModelRunner, drafts: list[ModelRun
         verify=rows * vocab * FP32 * (2 if k else 1),
         sampling=SAMPLING_ROWS * rows * vocab * FP32,
         activations=max(activation_bytes(r, tokens) for r in runners),
-        attention=max(_largest_step_attention(r, config, k) for r in runners),
+        attention=sum(_largest_step_attention(r, config, k) for r in runners),
         num_pages=num_pages,
     )
 
@@ -135,15 +131,20 @@ def _collect(obj: object, seen: dict[int, int], visited: set[int]) -> None:
 
 
 def activation_bytes(runner: ModelRunner, tokens: int) -> int:
-    """One decoder layer's live activations at `tokens` tokens (layers run one after another),
-    the logits input rows, and on a CPU the fp32 copy `linear` makes of a half-precision weight
-    for many-row products (the largest weight: the lm_head or the fused gate/up)."""
+    """One decoder layer's live activations at `tokens` tokens (layers run one after another):
+    the residual and the normed input, then either the gate/up product twice while `linear`
+    makes it contiguous ([T, 2I] x 2), or the fused qkv twice and four rotary temporaries of the
+    q and k heads; plus the forward's returned hidden states. On a CPU a half-precision weight is
+    widened to fp32 for many-row products: the largest (the lm_head or the fused gate/up) and
+    the fp32 input and output rows."""
     a, elt = runner.arch, runner.dtype.itemsize
-    per_token = ACTIVATION_HIDDEN_ROWS * a.hidden_size + ACTIVATION_INTERMEDIATE_ROWS * a.intermediate_size
+    mlp = 4 * a.intermediate_size
+    attn = 2 * (a.q_size + 2 * a.kv_size) + 4 * (a.q_size + a.kv_size)
+    per_token = 3 * a.hidden_size + max(mlp, attn)
     upcast = 0
     if runner.device.type == "cpu" and runner.dtype != torch.float32:
-        upcast = FP32 * max(a.vocab_size, 2 * a.intermediate_size) * a.hidden_size
-        upcast += FP32 * tokens * (a.hidden_size + 2 * max(a.vocab_size, 2 * a.intermediate_size))
+        widest = max(a.vocab_size, 2 * a.intermediate_size)
+        upcast = FP32 * (widest * a.hidden_size + tokens * (a.hidden_size + 2 * widest))
     return tokens * per_token * elt + upcast
 
 
