@@ -6,50 +6,14 @@ import argparse
 import json
 import sys
 
-from speculant.config import (
-    CacheConfig,
-    DraftModelConfig,
-    EngineConfig,
-    ModelConfig,
-    SchedulerConfig,
-    SpeculativeConfig,
-)
+from speculant.config import EngineConfig
+from speculant.config_options import add_engine_arguments, engine_config_from_args
 from speculant.sampling.params import SamplingParams
 
 
-def _engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="smollm2-135m", help="registry name, HF folder or .gguf file")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "flashinfer"])
-    p.add_argument("--seed", type=int, default=0, help="engine seed for requests without their own")
-    p.add_argument("--speculative", default="none", choices=["none", "draft", "ngram"])
-    p.add_argument("--draft-model", default=None)
-    p.add_argument("--num-draft-tokens", type=int, default=4)
-    p.add_argument("--draft-sampling", default="greedy", choices=["greedy", "sample"])
-    p.add_argument("--draft-dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                   help="the draft's dtype (default: --dtype); bfloat16 speeds a CPU draft's single-token steps")
-    p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--kv-cache-mb", type=int, default=1024)
-    p.add_argument("--memory-budget", type=float, default=None,
-                   help="bytes for everything (weights, KV, workspaces), or a fraction in (0, 1] of free "
-                        "device memory; the KV cache gets what the memory plan leaves (overrides --kv-cache-mb)")
-    p.add_argument("--max-num-seqs", type=int, default=64)
-    p.add_argument("--max-num-batched-tokens", type=int, default=512)
-    p.add_argument("--max-waiting", type=int, default=1024)
-
-
 def engine_config(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(
-        model=ModelConfig(args.model, args.dtype, args.device, args.attention_backend, args.seed),
-        cache=CacheConfig(page_size=args.page_size, kv_cache_bytes=args.kv_cache_mb << 20, memory_budget=args.memory_budget),
-        scheduler=SchedulerConfig(args.max_num_seqs, args.max_num_batched_tokens, args.max_waiting),
-        speculative=SpeculativeConfig(
-            method=args.speculative,
-            num_draft_tokens=args.num_draft_tokens,
-            draft=DraftModelConfig(model=args.draft_model, sampling=args.draft_sampling, dtype=args.draft_dtype),
-        ),
-    )
+    """The engine config of a subcommand's flags (`add_engine_arguments` made them)."""
+    return engine_config_from_args(args)
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -76,7 +40,7 @@ def _generate(args: argparse.Namespace) -> int:
     else:
         (out,) = llm.generate([prompt], params)
         print(out.text)
-    _print_stats(out, llm.stats(), args.speculative != "none")
+    _print_stats(out, llm.stats(), llm.config.speculative.enabled)
     return 0
 
 
@@ -111,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="speculant", description="LLM inference with speculative decoding")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate text for one prompt and print stats")
-    _engine_args(gen)
+    add_engine_arguments(gen)
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     gen.add_argument("--max-tokens", type=int, default=128)
@@ -125,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--verbose", action="store_true", help="print the memory plan at start-up")
     gen.set_defaults(func=_generate)
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
-    _engine_args(serve)
+    add_engine_arguments(serve)
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--served-model-name", default=None)

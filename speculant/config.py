@@ -8,11 +8,31 @@ properties; nothing mutates a config after construction (use `dataclasses.replac
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def option(default: Any, help: str = "", **metadata: Any) -> Any:
+    """A config field with what `config_options` needs to make it an `LLM` keyword and a CLI flag:
+    `help`, and optionally `name`, `flag`, `cli_scale`, `choices` (see `speculant.config_options`)."""
+    return field(default=default, metadata={"help": help, **metadata})
+
+
+def _speculative_methods() -> list[str]:
+    """The proposer registry's names; imported on call, as the registry imports this module."""
+    from speculant.speculative.registry import available_methods
+
+    return available_methods()
+
+
+def _attention_backends() -> list[str]:
+    from speculant.attention.registry import available_backends
+
+    return ["auto"] + available_backends()
 
 
 @dataclass(frozen=True)
@@ -60,11 +80,11 @@ class ArchConfig:
 class ModelConfig:
     """Which checkpoint to run and how: a registry name, a HF folder or a .gguf file."""
 
-    model: str = "smollm2-135m"
-    dtype: str = "float32"
-    device: str = "cpu"
-    attention_backend: str = "auto"  # "auto" | "torch" | "flashinfer"
-    seed: int = 0
+    model: str = option("smollm2-135m", "registry name, HF folder or .gguf file")
+    dtype: str = option("float32", "the model's weights and activations", choices=tuple(_DTYPES))
+    device: str = option("cpu", "torch device, e.g. cpu or cuda:0")
+    attention_backend: str = option("auto", "auto: flashinfer on CUDA in fp16/bf16 when installed", choices=_attention_backends)
+    seed: int = option(0, "engine seed for requests without their own")
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
@@ -79,13 +99,15 @@ class ModelConfig:
 class CacheConfig:
     """Paged KV cache: pages of `page_size` token slots, shared by every model of the engine."""
 
-    page_size: int = 16
-    kv_cache_bytes: int = 1 << 30  # budget for all models' K/V together (when memory_budget is None)
-    num_pages: int | None = None  # overrides both budgets (tests use it to force preemption)
-    # Everything the engine holds (weights, K/V, workspaces): bytes when > 1, else a fraction in
-    # (0, 1] of the free device memory at start-up. When set, the KV cache gets what the memory
-    # plan leaves (and must hold one full-context sequence); None: kv_cache_bytes sizes the KV.
-    memory_budget: float | None = None
+    page_size: int = option(16, "token slots per KV page")
+    kv_cache_bytes: int = option(1 << 30, "K/V budget of all models together", flag="--kv-cache-mb", cli_scale=1 << 20)
+    num_pages: int | None = option(None, "KV page count, overriding both budgets")
+    memory_budget: float | None = option(
+        None,
+        "bytes for everything the engine holds (weights, K/V, workspaces), or a fraction in (0, 1] of "
+        "the free device memory at start-up; the KV cache gets what the memory plan leaves "
+        "(overrides kv_cache_bytes)",
+    )
 
     def __post_init__(self) -> None:
         if self.page_size < 1:
@@ -100,9 +122,9 @@ class CacheConfig:
 class SchedulerConfig:
     """Continuous batching: how many sequences and tokens one step may hold."""
 
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512  # per-step token budget; long prompts are chunked to it
-    max_waiting: int = 1024  # admission queue bound (the server answers 429 beyond it)
+    max_num_seqs: int = option(64, "sequences running together")
+    max_num_batched_tokens: int = option(512, "per-step token budget; longer prompts are prefilled in chunks")
+    max_waiting: int = option(1024, "admission queue bound (the server answers 429 beyond it)")
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
@@ -113,9 +135,9 @@ class SchedulerConfig:
 class DraftModelConfig:
     """Draft-target speculation: the small LLM that proposes tokens."""
 
-    model: str | None = None  # registry name, HF folder or .gguf file (same vocabulary as the target)
-    sampling: str = "greedy"  # "greedy" (one-hot draft) | "sample" (draw from the draft)
-    dtype: str | None = None  # None: the target's; "bfloat16" halves a CPU draft's GEMV time
+    model: str | None = option(None, "draft registry name, HF folder or .gguf file (the target's vocabulary)")
+    sampling: str = option("greedy", "greedy: the draft's argmax (one-hot); sample: draw from the draft", choices=("greedy", "sample"))
+    dtype: str | None = option(None, "the draft's dtype (None: the target's); bfloat16 speeds a CPU draft", choices=tuple(_DTYPES))
 
     def __post_init__(self) -> None:
         if self.sampling not in ("greedy", "sample"):
@@ -128,8 +150,8 @@ class DraftModelConfig:
 class NgramConfig:
     """Prompt-lookup speculation: match the last n tokens, n from `max_n` down to `min_n`."""
 
-    max_n: int = 4
-    min_n: int = 1
+    max_n: int = option(4, "longest suffix matched by n-gram lookup")
+    min_n: int = option(1, "shortest suffix matched by n-gram lookup")
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_n <= self.max_n:
@@ -141,8 +163,8 @@ class SpeculativeConfig:
     """Speculative decoding. `method` names a proposer in `speculant.speculative` ("none" disables
     it); each method's own settings live in its nested config."""
 
-    method: str = "none"
-    num_draft_tokens: int = 4  # k: tokens proposed per sequence per step (per-request override)
+    method: str = option("none", "speculative method (none disables it)", name="speculative", choices=_speculative_methods)
+    num_draft_tokens: int = option(4, "k: tokens proposed per sequence per step (requests may override it)")
     draft: DraftModelConfig = DraftModelConfig()
     ngram: NgramConfig = NgramConfig()
 

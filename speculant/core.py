@@ -1,4 +1,4 @@
-"""The nouns of the data path: Request, Batch, DraftProposal, StepOutput, RequestOutput."""
+"""The nouns of the data path: Request, Batch, DraftProposal, StepOutput, StepResult, RequestOutput."""
 
 from __future__ import annotations
 
@@ -192,6 +192,26 @@ class StepOutput:
 
     token_ids: list[list[int]]  # [B][n_b]
     logprobs: list[list[float]] | None = None  # [B][n_b] when any request asked for them
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What a step did, handed to the proposer after its tokens are committed to the requests.
+
+    Sequence b of the batch owns rows [row_offsets[b], row_offsets[b + 1]) of the step's flat
+    target forward: its prefill chunk or sampled input on a plain step, its last token and k_b
+    drafts on a speculative step (row row_offsets[b] + i verified draft i; the accepted ones are
+    the first num_accepted[b]).
+    """
+
+    requests: list[Request]  # [B] the batch's requests, finished ones included
+    row_offsets: list[int]  # [B + 1] each sequence's rows of the flat forward; row_offsets[-1] == T
+    hidden_states: torch.Tensor  # [T, hidden] the target's last-layer states (device), before the final norm
+    num_accepted: torch.Tensor  # [B] int64 (device) drafts the target accepted; 0 on plain steps
+    bonus_token_ids: torch.Tensor  # [B] int64 (device) the target's own token after the accepted drafts
+    # (recovered, bonus, or the plain sample); -1 where the step sampled nothing (a prefill chunk)
+    emitted_token_ids: list[list[int]]  # [B][n_b] tokens appended to each request (after max_tokens and stop cuts)
+    speculative: bool  # drafts were verified (else a plain forward and sample)
 
 
 @dataclass

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from tqdm import tqdm
 
-from speculant.config import (
-    CacheConfig,
-    DraftModelConfig,
-    EngineConfig,
-    ModelConfig,
-    SchedulerConfig,
-    SpeculativeConfig,
-)
+from speculant.config import EngineConfig
+from speculant.config_options import engine_options, resolve_engine_config
 from speculant.core import RequestOutput
 from speculant.engine.engine import Engine
 from speculant.sampling.params import SamplingParams
@@ -22,38 +18,26 @@ Prompt = str | list[int]
 
 
 class LLM:
+    """An engine over one model: `LLM(model, **engine options)` or `LLM(config=EngineConfig(...))`.
+
+    The engine options are the fields of `EngineConfig` (see `speculant.config_options`):
+    `dtype`, `device`, `speculative`, `draft_model`, `num_draft_tokens`, `ngram_max_n`,
+    `page_size`, `kv_cache_bytes`, `max_num_seqs`, ...; `inspect.signature(LLM)` lists them all
+    with their defaults. `checkpoint` / `draft_checkpoint` pass weights already in memory.
+    """
+
     def __init__(
         self,
-        model: str = "smollm2-135m",
+        model: str | None = None,
         *,
-        dtype: str = "float32",
-        device: str = "cpu",
-        attention_backend: str = "auto",
-        seed: int = 0,
-        speculative: str | None = None,
-        draft_model: str | None = None,
-        num_draft_tokens: int = 4,
-        draft_sampling: str = "greedy",
-        draft_dtype: str | None = None,
-        page_size: int = 16,
-        kv_cache_bytes: int = 1 << 30,
-        num_pages: int | None = None,
-        max_num_seqs: int = 64,
-        max_num_batched_tokens: int = 512,
         config: EngineConfig | None = None,
         checkpoint=None,
         draft_checkpoint=None,
+        **options: Any,
     ) -> None:
-        self.config = config or EngineConfig(
-            model=ModelConfig(model=model, dtype=dtype, device=device, attention_backend=attention_backend, seed=seed),
-            cache=CacheConfig(page_size=page_size, kv_cache_bytes=kv_cache_bytes, num_pages=num_pages),
-            scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens),
-            speculative=SpeculativeConfig(
-                method=speculative or "none",
-                num_draft_tokens=num_draft_tokens,
-                draft=DraftModelConfig(model=draft_model, sampling=draft_sampling, dtype=draft_dtype),
-            ),
-        )
+        if model is not None:
+            options["model"] = model
+        self.config = resolve_engine_config(config, options)
         self.engine = Engine(self.config, checkpoint=checkpoint, draft_checkpoint=draft_checkpoint)
         self.tokenizer = self.engine.tokenizer
 
@@ -119,6 +103,22 @@ class LLM:
         stats["kv_pages_used"] = self.engine.pages.allocator.num_used
         stats["memory"] = self.engine.memory.as_dict()  # the memory plan: bytes by item, with "total"
         return stats
+
+
+def _init_signature() -> inspect.Signature:
+    """`LLM.__init__` with every engine option spelled out, for `help(LLM)` and editors."""
+    kw = inspect.Parameter.KEYWORD_ONLY
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    for opt in engine_options():
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD if opt.name == "model" else kw
+        annotation = " | ".join([t.__name__ for t in opt.types] + ["None"] * opt.optional)
+        params.append(inspect.Parameter(opt.name, kind, default=opt.default, annotation=annotation))
+    params.sort(key=lambda p: p.kind)  # `model` stays the one positional argument
+    params += [inspect.Parameter(n, kw, default=None) for n in ("config", "checkpoint", "draft_checkpoint")]
+    return inspect.Signature(params, return_annotation="None")
+
+
+LLM.__init__.__signature__ = _init_signature()
 
 
 def chat_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:

@@ -43,6 +43,19 @@ def tiny_hf_model(kind: str = "llama", seed: int = 0, **overrides):
     return model.eval()
 
 
+def noisy_copy(hf_model, scale: float = 0.02, seed: int = 1):
+    """A weak draft for `hf_model`: its weights plus Gaussian noise, so drafts are accepted
+    sometimes, rejected often (a random draft is almost never right)."""
+    import copy
+
+    draft = copy.deepcopy(hf_model)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn_like(p) * scale)
+    return draft
+
+
 def arch_of(hf_model):
     """Our ArchConfig for a tiny transformers model (through the loader's config.json path)."""
     from speculant.loader.hf_loader import arch_from_hf_config

@@ -1,22 +1,35 @@
-"""The engine: one scheduler, one page allocator, a target model and a proposer.
+"""The engine: one scheduler, one page allocator, an executor (which runs the target and the
+proposer's models) and a proposer.
 
-`step()` = schedule → (propose → verify → accept | forward → sample) → commit. Speculation runs
-only on decode batches; prefill and mixed batches sample normally.
+`step()` = schedule → (propose → verify → accept | forward → sample) → commit → proposer update.
+Every model forward is a plan the executor runs. Speculation runs only on decode batches; prefill
+and mixed batches sample normally.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import torch
 
-from speculant.attention.batch import SeqInput, build_forward_batch
+from speculant.attention.batch import SeqInput
 from speculant.config import EngineConfig
-from speculant.core import Batch, DraftProposal, Request, RequestOutput, RequestStatus, StepOutput
+from speculant.core import (
+    Batch,
+    DraftProposal,
+    Request,
+    RequestOutput,
+    RequestStatus,
+    StepOutput,
+    StepResult,
+)
 from speculant.engine.memory import plan_engine, resolve_budget
 from speculant.engine.output import OutputProcessor
 from speculant.engine.stats import EngineStats
+from speculant.executor.executor import Executor
 from speculant.executor.loading import load_target
+from speculant.executor.plan import TARGET, ForwardPlan
 from speculant.kv_cache.allocator import PageAllocator, PageTables
 from speculant.sampling.acceptance import accept_drafts, pad_ragged
 from speculant.sampling.params import SamplingParams
@@ -37,12 +50,15 @@ class Engine:
         self.config = config
         self.device = torch.device(config.model.device)
         budget = resolve_budget(config.cache.memory_budget, self.device)  # free memory before any weight
-        self.target, self.tokenizer = load_target(config, checkpoint)
-        self.arch = self.target.arch
+        target, self.tokenizer = load_target(config, checkpoint)
+        self.executor = Executor(target)
+        self.arch = self.executor.arch()
         self.generator = torch.Generator().manual_seed(config.model.seed)
         self.proposer = create_proposer(
-            ProposerContext(config.speculative, config.model, self.target, self.device, self.generator, draft_checkpoint)
+            ProposerContext(config.speculative, config.model, self.arch, self.device, self.generator, draft_checkpoint)
         )
+        for spec in self.proposer.model_specs():
+            self.executor.add_model(spec)
         self.num_pages = self._allocate_cache(budget)
         self.pages = PageTables(PageAllocator(self.num_pages), config.cache.page_size)
         self.proposer.bind(self.pages)
@@ -58,9 +74,8 @@ class Engine:
 
     def _allocate_cache(self, budget: int | None) -> int:
         """Pages from the memory plan (`speculant.engine.memory`), every model's K/V per page."""
-        self.memory = plan_engine(self.config, self.target, self.proposer, budget)
-        for runner in [self.target] + self.proposer.runners:
-            runner.allocate_kv(self.memory.num_pages, self.config.cache.page_size)
+        self.memory = plan_engine(self.config, self.executor, self.proposer, budget)
+        self.executor.allocate_kv(self.memory.num_pages, self.config.cache.page_size)
         return self.memory.num_pages
 
     # ---- requests -------------------------------------------------------------------------
@@ -133,13 +148,13 @@ class Engine:
             return []
         with self.stats.timed_step(batch):
             if self.proposer.speculates(batch):
-                proposal = self.proposer.propose(batch)
-                step_out, hidden = self._verify_and_accept(batch, proposal)
+                proposal = self.executor.drive(self.proposer.propose(batch))
+                step_out, result = self._verify_and_accept(batch, proposal)
             else:
-                step_out, hidden = self._forward_and_sample(batch)
-            return self._commit(batch, step_out, hidden)
+                step_out, result = self._forward_and_sample(batch)
+            return self._commit(batch, step_out, result)
 
-    def _forward_and_sample(self, batch: Batch) -> tuple[StepOutput, torch.Tensor]:
+    def _forward_and_sample(self, batch: Batch) -> tuple[StepOutput, StepResult]:
         inputs = [
             SeqInput(
                 token_ids=s.request.token_slice(s.request.num_computed_tokens, s.request.num_computed_tokens + s.num_new_tokens),
@@ -149,21 +164,32 @@ class Engine:
             )
             for s in batch.seqs
         ]
-        logits, hidden = self.target.forward(build_forward_batch(inputs, self.pages.page_size))
+        out = self.executor.run(ForwardPlan(TARGET, inputs))
         samples = [s.samples for s in batch.seqs]
         sampling = [s.request for s in batch.seqs if s.samples]
-        tokens = iter(to_list(self._sample(logits, sampling)) if sampling else [])
-        emitted = [[next(tokens)] if sampled else [] for sampled in samples]
-        logprobs = self._logprobs(logits, [t for e in emitted for t in e], sampling)
+        bonus = self._sample_rows(out.logits, samples, sampling)  # [B]
+        tokens = to_list(bonus) if sampling else [-1] * len(batch)
+        emitted = [[t] if sampled else [] for t, sampled in zip(tokens, samples)]
+        logprobs = self._logprobs(out.logits, [t for e in emitted for t in e], sampling)
         for s in batch.seqs:
             s.request.num_computed_tokens += s.num_new_tokens
-        return StepOutput(emitted, _split(logprobs, emitted)), hidden
+        offsets = _offsets([s.num_new_tokens for s in batch.seqs])
+        result = StepResult(batch.requests, offsets, out.hidden, torch.zeros_like(bonus), bonus, emitted, speculative=False)
+        return StepOutput(emitted, _split(logprobs, emitted)), result
+
+    def _sample_rows(self, logits: torch.Tensor, samples: list[bool], requests: list[Request]) -> torch.Tensor:
+        """[B] int64: the sampled token of each sequence that samples (`logits` row by row), -1 elsewhere."""
+        tokens = torch.full((len(samples),), -1, dtype=torch.int64, device=logits.device)
+        if requests:
+            rows = torch.tensor([b for b, sampled in enumerate(samples) if sampled], device=logits.device)
+            tokens.index_copy_(0, rows, self._sample(logits, requests))  # integer rows: no device sync
+        return tokens
 
     def _sample(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         st = SamplingTensors.from_params([r.params for r in requests], logits.device)
         return sample_logits(logits, st, [r.generator for r in requests], self.generator)
 
-    def _verify_and_accept(self, batch: Batch, proposal: DraftProposal) -> tuple[StepOutput, torch.Tensor]:
+    def _verify_and_accept(self, batch: Batch, proposal: DraftProposal) -> tuple[StepOutput, StepResult]:
         drafts = to_list(proposal.token_ids)
         inputs = [
             SeqInput(
@@ -174,7 +200,8 @@ class Engine:
             )
             for b, r in enumerate(batch.requests)
         ]
-        logits, hidden = self.target.forward(build_forward_batch(inputs, self.pages.page_size))
+        out = self.executor.run(ForwardPlan(TARGET, inputs))
+        logits = out.logits  # [sum(k_b + 1), V]
         target_probs = self._padded_target_probs(batch, proposal, logits)
         result = accept_drafts(
             proposal.token_ids, torch.tensor(proposal.num_drafts), proposal.draft_probs, target_probs,
@@ -189,9 +216,12 @@ class Engine:
                 r.spec_stats.record(proposal.num_drafts[b], num_accepted[b])
                 self.stats.spec_stats.record(proposal.num_drafts[b], num_accepted[b])
         flat = [t for b, e in enumerate(emitted) for t in e]
-        rows = [inputs_start + j for inputs_start, e in zip(_starts(proposal.num_drafts), emitted) for j in range(len(e))]
+        offsets = _offsets([k + 1 for k in proposal.num_drafts])
+        rows = [start + j for start, e in zip(offsets, emitted) for j in range(len(e))]
         logprobs = self._logprobs(logits[rows], flat, batch.requests)
-        return StepOutput(emitted, _split(logprobs, emitted)), hidden
+        bonus = result.token_ids.gather(1, result.num_accepted[:, None])[:, 0]  # [B]
+        step = StepResult(batch.requests, offsets, out.hidden, result.num_accepted, bonus, emitted, speculative=True)
+        return StepOutput(emitted, _split(logprobs, emitted)), step
 
     def _padded_target_probs(self, batch: Batch, proposal: DraftProposal, logits: torch.Tensor) -> torch.Tensor:
         """[B, k_max + 1, V] processed target distributions at each drafted position and the bonus."""
@@ -207,7 +237,7 @@ class Engine:
 
     # ---- commit ---------------------------------------------------------------------------
 
-    def _commit(self, batch: Batch, step_out: StepOutput, hidden: torch.Tensor) -> list[RequestOutput]:
+    def _commit(self, batch: Batch, step_out: StepOutput, result: StepResult) -> list[RequestOutput]:
         appended = []
         for b, r in enumerate(batch.requests):
             lp = step_out.logprobs[b] if step_out.logprobs is not None else None
@@ -217,7 +247,7 @@ class Engine:
                 r.spec_stats.emitted_tokens += len(new)
                 self.stats.record_tokens(len(new))
             appended.append(new)
-        self.proposer.on_commit(batch, hidden)
+        self.executor.drive(self.proposer.update(dataclasses.replace(result, emitted_token_ids=appended)))
         outputs = []
         for r, new in zip(batch.requests, appended):
             out = self.outputs.make_output(r, new)  # may finish r on a stop string
@@ -246,12 +276,12 @@ def _split(flat: list[float] | None, emitted: list[list[int]]) -> list[list[floa
     return out
 
 
-def _starts(num_drafts: list[int]) -> list[int]:
-    starts, acc = [], 0
-    for k in num_drafts:
-        starts.append(acc)
-        acc += k + 1
-    return starts
+def _offsets(num_rows: list[int]) -> list[int]:
+    """[B + 1] where each sequence's rows start in a flat forward, and the total."""
+    offsets = [0]
+    for n in num_rows:
+        offsets.append(offsets[-1] + n)
+    return offsets
 
 
 def _stop_token_ids(tokenizer, arch) -> frozenset[int]:

@@ -19,7 +19,9 @@ from dataclasses import dataclass
 import torch
 
 from speculant.config import CacheConfig, EngineConfig
+from speculant.executor.executor import Executor
 from speculant.executor.model_runner import ModelRunner
+from speculant.executor.plan import TARGET
 from speculant.speculative.base import Proposer
 
 FP32 = 4
@@ -65,11 +67,13 @@ class MemoryPlan:
         return "\n".join(f"  {name:<15}{value / MIB:>10.1f} MiB" for name, value in self.as_dict().items())
 
 
-def plan_engine(config: EngineConfig, target: ModelRunner, proposer: Proposer, budget: int | None) -> MemoryPlan:
+def plan_engine(config: EngineConfig, executor: Executor, proposer: Proposer, budget: int | None) -> MemoryPlan:
     """The plan with the KV pages sized: by `num_pages`, else what `budget` (bytes) leaves after
     every other item, else `kv_cache_bytes`."""
     cache = config.cache
-    drafts, extra = proposer.runners, proposer.memory_bytes(config.scheduler.max_num_seqs)
+    target = executor.runner(TARGET)
+    drafts = [executor.runner(name) for name in executor.model_names if name != TARGET]
+    extra = proposer.memory_bytes(config.scheduler.max_num_seqs)
     per_page = kv_bytes_per_page([target, *drafts], cache.page_size)
     # One sequence at the full context, plus the k drafts and the bonus slot a step may write.
     min_pages = -(-(target.arch.max_position + config.speculative.num_draft_tokens + 1) // cache.page_size)

@@ -29,14 +29,23 @@ class ModelRunner:
         self.kv = KVCache(self.arch, num_pages, page_size, self.dtype, self.device)
 
     @torch.inference_mode()
-    def forward(self, fb: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """logits [N, vocab] float32 for fb.logits_indices, hidden [T, hidden] for every token."""
+    def forward(
+        self,
+        fb: ForwardBatch,
+        input_embeds: torch.Tensor | None = None,  # [T, hidden] read instead of fb's token ids
+        hidden_states: torch.Tensor | None = None,  # [T, hidden_in] extra input of draft heads
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """logits [N, vocab] float32 for fb.logits_indices, hidden [T, hidden] for every token.
+        Called by the executor only (`executor/executor.py`)."""
         assert self.kv is not None, "allocate_kv first"
+        if input_embeds is not None and input_embeds.shape[0] != fb.num_tokens:
+            raise ValueError(f"input_embeds has {input_embeds.shape[0]} rows, the batch {fb.num_tokens} tokens")
         host = fb.pack()
         packed = torch.from_numpy(host).to(self.device, non_blocking=True)  # one copy
         view = ForwardBatch.unpack(packed, header=host)
         meta = self.backend.plan(fb, self.device)
         ctx = ForwardContext(self.backend, meta, self.kv.k, self.kv.v)
-        hidden = self.model.forward(view.input_ids, view.positions, ctx)
+        input_ids = view.input_ids if input_embeds is None else None
+        hidden = self.model.forward(input_ids, view.positions, ctx, input_embeds, hidden_states)
         logits = self.model.compute_logits(hidden.index_select(0, view.logits_indices))
         return logits, hidden

@@ -24,8 +24,11 @@ class ForwardContext:
 
 class CausalLM(ABC):
     """A decoder over flat ragged batches: `forward` returns last-layer hidden states for every
-    token (before the final norm, which EAGLE/MTP heads consume), `compute_logits` turns selected
-    rows into logits."""
+    token (before the final norm, which EAGLE/MTP heads consume), `final_norm` applies the final
+    norm alone, `compute_logits` turns selected rows into logits (final norm, then the LM head).
+
+    `forward` reads token ids, or input embeddings in their place; `hidden_states` is an extra
+    input for draft heads (a head fuses it with its embeddings); plain decoders refuse it."""
 
     arch: ArchConfig
 
@@ -39,12 +42,18 @@ class CausalLM(ABC):
     @abstractmethod
     def forward(
         self,
-        input_ids: torch.Tensor,  # [T]
+        input_ids: torch.Tensor | None,  # [T]; None when input_embeds is given
         positions: torch.Tensor,  # [T]
         ctx: ForwardContext,
+        input_embeds: torch.Tensor | None = None,  # [T, hidden] used instead of embed(input_ids)
+        hidden_states: torch.Tensor | None = None,  # [T, hidden_in] extra input of draft heads
     ) -> torch.Tensor:  # [T, hidden] last layer output, before the final norm
         ...
 
     @abstractmethod
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab]
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, hidden]
+        ...
+
+    @abstractmethod
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab] float32
         ...

@@ -64,8 +64,17 @@ class LlamaForCausalLM(CausalLM):
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(input_ids, self.embed_tokens)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        x = self.embed(input_ids)  # [T, hidden]
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,  # [T]
+        positions: torch.Tensor,  # [T]
+        ctx: ForwardContext,
+        input_embeds: torch.Tensor | None = None,  # [T, hidden]
+        hidden_states: torch.Tensor | None = None,
+    ) -> torch.Tensor:  # [T, hidden]
+        if hidden_states is not None:
+            raise ValueError("hidden_states: a Llama decoder takes no hidden-state input (draft heads do)")
+        x = self.embed(input_ids) if input_embeds is None else input_embeds  # [T, hidden]
         cos, sin = self.rotary.lookup(positions)
         for i, layer in enumerate(self.layers):
             x = self._layer(i, layer, x, cos, sin, ctx)
@@ -85,9 +94,11 @@ class LlamaForCausalLM(CausalLM):
         gate, up = linear(h, w.gate_up).chunk(2, dim=-1)
         return x + linear(F.silu(gate) * up, w.down)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        h = F.rms_norm(hidden, (self.arch.hidden_size,), self.norm, self.arch.rms_norm_eps)
-        return linear(h, self.lm_head).float()
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden]
+        return F.rms_norm(hidden, (self.arch.hidden_size,), self.norm, self.arch.rms_norm_eps)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab]
+        return linear(self.final_norm(hidden), self.lm_head).float()
 
 
 def _take(weights: dict[str, torch.Tensor], name: str) -> torch.Tensor:

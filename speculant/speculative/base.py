@@ -1,26 +1,27 @@
 """The proposer interface every speculative method implements, and the null proposer.
 
-The engine calls, per step: `speculates(batch)` to choose a speculative step (decode batches only),
-`propose(batch)` for draft tokens, and after tokens are committed `on_commit(batch, ...)` so the
-proposer's own state (a draft model's KV, carried logits) follows the sequence. Method-specific
-logic lives in the subclasses; the engine never asks which method it runs.
+Proposers decide; the executor executes. A proposer declares the models it needs once
+(`model_specs`: the executor loads and owns them, their K/V in the engine's pages), and per step
+the engine asks `speculates(batch)` (decode batches only), drives `propose(batch)` for draft
+tokens and, after the step's tokens are committed, drives `update(step_result)` so the
+proposer's own state (a draft model's KV, carried logits) follows the sequences. `propose` and
+`update` are generators of `ForwardPlan`s: the executor runs each plan and sends the result back.
+Method-specific logic lives in the subclasses; the engine never asks which method it runs.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
-from speculant.config import ModelConfig, SpeculativeConfig
-from speculant.core import Batch, DraftProposal, Request
+from speculant.config import ArchConfig, ModelConfig, SpeculativeConfig
+from speculant.core import Batch, DraftProposal, Request, StepResult
+from speculant.executor.plan import Forwards, ModelSpec
 from speculant.kv_cache.allocator import PageTables
-
-if TYPE_CHECKING:
-    from speculant.executor.model_runner import ModelRunner
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class ProposerContext:
 
     speculative: SpeculativeConfig
     model: ModelConfig  # the target's settings (dtype, device, attention backend) for draft models
-    target: ModelRunner
+    target_arch: ArchConfig  # the target's vocabulary size and context length
     device: torch.device
     generator: torch.Generator  # engine-wide default for requests without a seed
     draft_checkpoint: Any = None  # a loaded draft checkpoint (tests); else speculative.draft.model is loaded
@@ -40,17 +41,16 @@ class Proposer(ABC):
         self.ctx = ctx
         self.pages: PageTables | None = None
 
-    def bind(self, pages: PageTables) -> None:
-        """The engine's page tables, once the cache (sized with `runners`) exists."""
-        self.pages = pages
-
-    @property
-    def runners(self) -> list[ModelRunner]:
-        """Models that keep K/V in the engine's shared pages (counted in the page budget)."""
+    def model_specs(self) -> list[ModelSpec]:
+        """Models the executor must load and run for this proposer (K/V in the shared pages)."""
         return []
 
+    def bind(self, pages: PageTables) -> None:
+        """The engine's page tables, once the cache (sized over every model) exists."""
+        self.pages = pages
+
     def memory_bytes(self, max_num_seqs: int) -> dict[str, int]:
-        """Bytes this proposer keeps or allocates per step beyond its runners' weights and K/V,
+        """Bytes this proposer keeps or allocates per step beyond its models' weights and K/V,
         by memory-plan item (`speculant.engine.memory.MemoryPlan` fields)."""
         return {}
 
@@ -61,7 +61,7 @@ class Proposer(ABC):
         k = self.ctx.speculative.num_draft_tokens
         if request.params.num_draft_tokens is not None:  # may lower k, never raise it past the memory plan's
             k = min(k, request.params.num_draft_tokens)
-        limit = self.ctx.target.arch.max_position
+        limit = self.ctx.target_arch.max_position
         if self.pages is not None:
             limit = min(limit, self.pages.allocator.num_pages * self.pages.page_size)
         return max(0, min(k, limit - request.num_tokens - 1))
@@ -74,12 +74,13 @@ class Proposer(ABC):
         return batch.is_decode and any(self.num_draft_tokens(r) > 0 for r in batch.requests)
 
     @abstractmethod
-    def propose(self, batch: Batch) -> DraftProposal:
-        """Draft tokens for every sequence of a decode batch (k_i may be 0)."""
+    def propose(self, batch: Batch) -> Forwards[DraftProposal]:
+        """Draft tokens for every sequence of a decode batch (k_i may be 0), planning any model
+        forwards it needs through the executor."""
 
-    def on_commit(self, batch: Batch, hidden: torch.Tensor | None) -> None:
-        """Called after a step's tokens are appended to the live requests of `batch`;
-        `hidden` [T, hidden] holds the target's last-layer states of that step's forward."""
+    def update(self, result: StepResult) -> Forwards[None]:
+        """Called after a step's tokens are appended to the live requests of `result.requests`."""
+        yield from ()
 
     def release(self, request: Request) -> None:
         """The request finished, was aborted or preempted: drop its proposer state."""
@@ -91,7 +92,7 @@ class NoProposer(Proposer):
     def num_draft_tokens(self, request: Request) -> int:
         return 0
 
-    def propose(self, batch: Batch) -> DraftProposal:
+    def propose(self, batch: Batch) -> Forwards[DraftProposal]:
         raise RuntimeError("NoProposer never proposes")
 
 

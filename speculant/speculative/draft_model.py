@@ -5,7 +5,8 @@ stays one token ahead of the target: after every step it is fed the tokens it ha
 prefill chunk and the sampled token, or the bonus/recovered token after verification), and the
 logits of that run are carried into the next step to give the first draft token without another
 draft forward (the Sonar speculation design). Drafts are the draft's argmax (a one-hot q) or
-samples from its processed distribution.
+samples from its processed distribution. The executor owns and runs the draft model; this
+class decides what it is fed and reads the results.
 """
 
 from __future__ import annotations
@@ -14,40 +15,33 @@ import dataclasses
 
 import torch
 
-from speculant.attention.batch import SeqInput, build_forward_batch
-from speculant.core import Batch, DraftProposal, Request
-from speculant.executor.loading import build_runner, load_checkpoint_for
-from speculant.executor.model_runner import ModelRunner
+from speculant.attention.batch import SeqInput
+from speculant.core import Batch, DraftProposal, Request, StepResult
+from speculant.executor.plan import ForwardPlan, Forwards, ModelSpec
 from speculant.sampling.sampler import SamplingTensors, processed_probs, sample
 from speculant.speculative.base import Proposer, ProposerContext
 from speculant.utils.sync import to_list
+
+DRAFT = "draft"  # the draft model's name in the executor
 
 
 class DraftModelProposer(Proposer):
     def __init__(self, ctx: ProposerContext) -> None:
         super().__init__(ctx)
-        model_config = dataclasses.replace(ctx.model, dtype=ctx.speculative.draft.dtype or ctx.model.dtype)
-        checkpoint = ctx.draft_checkpoint or load_checkpoint_for(ctx.speculative.draft.model, model_config)
-        target_vocab, draft_vocab = ctx.target.arch.vocab_size, checkpoint.arch.vocab_size
-        if draft_vocab != target_vocab:
-            raise ValueError(
-                f"draft_model {ctx.speculative.draft.model!r} has a vocabulary of {draft_vocab} tokens, "
-                f"the target {target_vocab}: draft and target must share a vocabulary"
-            )
-        self.runner: ModelRunner = build_runner(checkpoint, model_config)
         self.computed: dict[str, int] = {}  # draft KV length per request
         self.carried: dict[str, torch.Tensor] = {}  # [V] draft logits for the next token
 
-    @property
-    def runners(self) -> list[ModelRunner]:
-        return [self.runner]
+    def model_specs(self) -> list[ModelSpec]:
+        draft, target = self.ctx.speculative.draft, self.ctx.model
+        config = dataclasses.replace(target, model=draft.model, dtype=draft.dtype or target.dtype)
+        return [ModelSpec(DRAFT, config, self.ctx.draft_checkpoint)]
 
     def memory_bytes(self, max_num_seqs: int) -> dict[str, int]:
         """Carried logits [B, V] fp32 (one row per request, copied out of its feed's logits);
         sampled drafts' probabilities [B, k, V] fp32. The per-step stack of carried rows and the
         draft's sampling temporaries ([B, V]-sized) are smaller than the verify buffers that
         follow them, which the plan counts."""
-        row = self.ctx.target.arch.vocab_size * 4
+        row = self.ctx.target_arch.vocab_size * 4
         sampled = self.ctx.speculative.draft.sampling == "sample"
         k = self.ctx.speculative.num_draft_tokens
         return {"draft_logits": max_num_seqs * row, "draft_probs": max_num_seqs * k * row if sampled else 0}
@@ -60,10 +54,10 @@ class DraftModelProposer(Proposer):
         self.computed.pop(request.request_id, None)
         self.carried.pop(request.request_id, None)
 
-    def on_commit(self, batch: Batch, hidden: torch.Tensor | None) -> None:
+    def update(self, result: StepResult) -> Forwards[None]:
         """Feed the draft every token it lacks; rejected drafts' KV is dropped by the min()."""
         feeds = []
-        for r in batch.requests:
+        for r in result.requests:
             if r.finished:
                 continue
             valid = min(self.computed.get(r.request_id, 0), r.num_tokens - 1)  # drafted KV past this was rejected
@@ -71,24 +65,26 @@ class DraftModelProposer(Proposer):
             if end > valid:
                 feeds.append((r, r.token_slice(valid, end), valid))
         if feeds:
-            self._feed(feeds)
+            yield from self._feed(feeds)
 
-    def _feed(self, feeds: list[tuple[Request, list[int], int]]) -> torch.Tensor:
+    def _feed(self, feeds: list[tuple[Request, list[int], int]]) -> Forwards[torch.Tensor]:
+        """One draft forward over each (request, new tokens, KV start); the logits [len(feeds), V]
+        of each sequence's last token are carried."""
         inputs = [SeqInput(tokens, start, self.pages.table(r.request_id)) for r, tokens, start in feeds]
-        logits, _ = self.runner.forward(build_forward_batch(inputs, self.pages.page_size))
+        logits = (yield ForwardPlan(DRAFT, inputs)).logits
         for b, (r, tokens, start) in enumerate(feeds):
             self.computed[r.request_id] = start + len(tokens)
             self.carried[r.request_id] = logits[b].clone()  # a view would keep all feed rows alive
         return logits
 
-    def propose(self, batch: Batch) -> DraftProposal:
+    def propose(self, batch: Batch) -> Forwards[DraftProposal]:
         requests = batch.requests
         ks = [self.num_draft_tokens(r) for r in requests]
         k_max = max(ks)
         tokens = torch.full((len(requests), k_max), -1, dtype=torch.int64)
         probs = None
         if self.ctx.speculative.draft.sampling == "sample":
-            probs = torch.zeros(len(requests), k_max, self.ctx.target.arch.vocab_size)
+            probs = torch.zeros(len(requests), k_max, self.ctx.target_arch.vocab_size)
         logits = torch.stack([self.carried[r.request_id] for r in requests]).float()  # [B, V]
         for j in range(k_max):
             rows = [b for b, k in enumerate(ks) if k > j]
@@ -96,7 +92,7 @@ class DraftModelProposer(Proposer):
             tokens[rows, j] = drafted
             feed = [(b, t) for b, t in zip(rows, to_list(drafted)) if ks[b] > j + 1]  # last draft is not fed
             if feed:
-                logits[[b for b, _ in feed]] = self._feed(
+                logits[[b for b, _ in feed]] = yield from self._feed(
                     [(requests[b], [t], self.computed[requests[b].request_id]) for b, t in feed]
                 )
         return DraftProposal(token_ids=tokens, num_drafts=ks, draft_probs=probs)

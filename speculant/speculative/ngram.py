@@ -6,16 +6,18 @@ from __future__ import annotations
 import numpy as np
 
 from speculant.core import Batch, DraftProposal
+from speculant.executor.plan import Forwards
 from speculant.speculative.base import Proposer, pad_proposals
 
 
 class NgramProposer(Proposer):
-    def propose(self, batch: Batch) -> DraftProposal:
+    def propose(self, batch: Batch) -> Forwards[DraftProposal]:
         ngram = self.ctx.speculative.ngram
         drafts = [
             ngram_continuation(np.asarray(r.all_token_ids), self.num_draft_tokens(r), ngram.min_n, ngram.max_n)
             for r in batch.requests
         ]
+        yield from ()  # a lookup, no model forward
         return pad_proposals(drafts)
 
 

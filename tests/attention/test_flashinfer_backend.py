@@ -135,7 +135,9 @@ def test_tiny_model_logits_match_torch_backend() -> None:
     from testkit import TinyCheckpoint, tiny_hf_model
 
     from speculant.config import ModelConfig
+    from speculant.executor.executor import Executor
     from speculant.executor.loading import build_runner
+    from speculant.executor.plan import TARGET, ForwardPlan
 
     hf = tiny_hf_model("llama", hidden_size=256, intermediate_size=256, num_attention_heads=4)
     steps = [
@@ -160,8 +162,8 @@ def test_tiny_model_logits_match_torch_backend() -> None:
         config = ModelConfig(
             model="tiny", dtype="bfloat16", device=CUDA.type, attention_backend=name
         )
-        runner = build_runner(TinyCheckpoint(hf), config)
-        runner.allocate_kv(num_pages=16, page_size=16)
-        logits[name] = [runner.forward(build_forward_batch(s, 16))[0].cpu() for s in steps]
+        executor = Executor(build_runner(TinyCheckpoint(hf), config))
+        executor.allocate_kv(num_pages=16, page_size=16)
+        logits[name] = [executor.run(ForwardPlan(TARGET, s)).logits.cpu() for s in steps]
     for fi, ref in zip(logits["flashinfer"], logits["torch"], strict=True):
         torch.testing.assert_close(fi, ref, atol=0.05 * float(ref.abs().max()), rtol=0.05)

@@ -90,15 +90,15 @@ def step_logits_fn(step_logits: Sequence[torch.Tensor]) -> LogitsFn:
 def engine_logits_fn(engine, prompt: Sequence[int]) -> LogitsFn:
     """Our target's next-token logits from one fresh forward over prompt + prefix, on pages taken
     from the engine's free list (and given back); safe while other requests hold pages."""
-    from speculant.attention.batch import SeqInput, build_forward_batch
+    from speculant.attention.batch import SeqInput
+    from speculant.executor.plan import TARGET, ForwardPlan
 
     def fn(prefix: list[int]) -> torch.Tensor:
         tokens = list(prompt) + prefix
         allocator, page_size = engine.pages.allocator, engine.pages.page_size
         pages = allocator.allocate(-(-len(tokens) // page_size))
         try:
-            fb = build_forward_batch([SeqInput(tokens, 0, pages, logits="last")], page_size)
-            logits, _ = engine.target.forward(fb)
+            logits = engine.executor.run(ForwardPlan(TARGET, [SeqInput(tokens, 0, pages, logits="last")])).logits
         finally:
             allocator.free(pages)
         return logits[0].float()

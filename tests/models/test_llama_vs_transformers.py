@@ -9,20 +9,27 @@ import pytest
 import torch
 from testkit import TinyCheckpoint, ancestor_mask, tiny_hf_model
 
-from speculant.attention.batch import SeqInput, build_forward_batch
+from speculant.attention.batch import SeqInput
 from speculant.config import ModelConfig
+from speculant.executor.executor import Executor
 from speculant.executor.loading import build_runner
+from speculant.executor.plan import TARGET, ForwardPlan
 
 PAGE_SIZE, NUM_PAGES = 4, 64
 ATOL = 2e-5  # float32 logits of magnitude ~3; observed max error is ~1.3e-6
 
 
-def _runner(hf_model):
-    runner = build_runner(
-        TinyCheckpoint(hf_model), ModelConfig(model="tiny", attention_backend="torch")
+def _executor(hf_model) -> Executor:
+    executor = Executor(
+        build_runner(TinyCheckpoint(hf_model), ModelConfig(model="tiny", attention_backend="torch"))
     )
-    runner.allocate_kv(NUM_PAGES, PAGE_SIZE)
-    return runner
+    executor.allocate_kv(NUM_PAGES, PAGE_SIZE)
+    return executor
+
+
+def _run(executor: Executor, inputs: list[SeqInput]) -> tuple[torch.Tensor, torch.Tensor]:
+    result = executor.run(ForwardPlan(TARGET, inputs))
+    return result.logits, result.hidden
 
 
 def _hf_logits(hf_model, tokens: list[int]) -> torch.Tensor:  # [len(tokens), vocab]
@@ -30,7 +37,7 @@ def _hf_logits(hf_model, tokens: list[int]) -> torch.Tensor:  # [len(tokens), vo
         return hf_model(torch.tensor([tokens])).logits[0].float()
 
 
-def _two_forwards(runner, seqs: dict[str, list[int]], splits: dict[str, list[int]]):
+def _two_forwards(executor, seqs: dict[str, list[int]], splits: dict[str, list[int]]):
     """Run each sequence in chunks [0, s1), [s1, s2), ... (one chunk per forward, all sequences in
     the same forward), logits at every row; return each sequence's logits in token order."""
     rng = np.random.default_rng(0)
@@ -49,7 +56,7 @@ def _two_forwards(runner, seqs: dict[str, list[int]], splits: dict[str, list[int
             )
             for n in names
         ]
-        out, hidden = runner.forward(build_forward_batch(inputs, PAGE_SIZE))
+        out, hidden = _run(executor, inputs)
         assert hidden.shape[0] == out.shape[0] == sum(len(s.token_ids) for s in inputs)
         rows = iter(out)
         for n, s in zip(names, inputs, strict=True):
@@ -59,7 +66,7 @@ def _two_forwards(runner, seqs: dict[str, list[int]], splits: dict[str, list[int
 
 def test_ragged_paged_batch_matches_transformers(tiny_kind: str) -> None:
     hf = tiny_hf_model(tiny_kind)
-    runner = _runner(hf)
+    executor = _executor(hf)
     gen = torch.Generator().manual_seed(1)
     lengths = {"prefill": 11, "chunked": 23, "decode": 9, "verify": 14, "one": 1}
     seqs = {n: torch.randint(3, 256, (k,), generator=gen).tolist() for n, k in lengths.items()}
@@ -70,7 +77,7 @@ def test_ragged_paged_batch_matches_transformers(tiny_kind: str) -> None:
         "verify": [9],  # prefill, then five tokens at once (as in verification)
         "one": [],
     }
-    ours = _two_forwards(runner, seqs, splits)
+    ours = _two_forwards(executor, seqs, splits)
     for name, tokens in seqs.items():
         torch.testing.assert_close(ours[name], _hf_logits(hf, tokens), atol=ATOL, rtol=0, msg=name)
 
@@ -78,13 +85,10 @@ def test_ragged_paged_batch_matches_transformers(tiny_kind: str) -> None:
 def test_positions_apart_from_slots(tiny_kind: str) -> None:
     """Explicit RoPE positions equal to the default ones give the same logits (tree path)."""
     hf = tiny_hf_model(tiny_kind, seed=3)
-    runner = _runner(hf)
+    executor = _executor(hf)
     tokens = list(range(10, 22))
     table = [5, 2, 9]
-    fb = build_forward_batch(
-        [SeqInput(tokens, 0, table, positions=list(range(12)), logits="all")], PAGE_SIZE
-    )
-    out, _ = runner.forward(fb)
+    out, _ = _run(executor, [SeqInput(tokens, 0, table, positions=list(range(12)), logits="all")])
     torch.testing.assert_close(out, _hf_logits(hf, tokens), atol=ATOL, rtol=0)
 
 
@@ -92,23 +96,16 @@ def test_positions_apart_from_slots(tiny_kind: str) -> None:
 def test_tree_branch_equals_its_linear_path(kind: str) -> None:
     """A draft tree's node sees only its ancestors: its logits equal those of the linear path."""
     hf = tiny_hf_model(kind, seed=4)
-    runner = _runner(hf)
+    executor = _executor(hf)
     prefix = [7, 8, 9, 10, 11]
     table = [3, 17, 30]
-    runner.forward(build_forward_batch([SeqInput(prefix, 0, table, logits="none")], PAGE_SIZE))
+    _run(executor, [SeqInput(prefix, 0, table, logits="none")])
     # Tree over new tokens: 0 -> (1, 2); 1 -> 3. Paths: [a, b, d] and [a, c].
     nodes, parents = [40, 41, 42, 43], [-1, 0, 0, 1]
     mask = ancestor_mask(parents)
     depths = [0, 1, 1, 2]
-    fb = build_forward_batch(
-        [
-            SeqInput(
-                nodes, 5, table, positions=[5 + d for d in depths], logits="all", tree_mask=mask
-            )
-        ],
-        PAGE_SIZE,
-    )
-    out, _ = runner.forward(fb)
+    tree = SeqInput(nodes, 5, table, positions=[5 + d for d in depths], logits="all", tree_mask=mask)
+    out, _ = _run(executor, [tree])
     ref_bd = _hf_logits(hf, prefix + [40, 41, 43])[5:]
     ref_c = _hf_logits(hf, prefix + [40, 42])[6]
     torch.testing.assert_close(out[[0, 1, 3]], ref_bd, atol=ATOL, rtol=0)
@@ -122,8 +119,8 @@ def test_llama3_rope_scaling_matches_transformers() -> None:
         "high_freq_factor": 4.0, "original_max_position_embeddings": 64,
     }
     hf = tiny_hf_model("llama", seed=5, rope_parameters=rope, head_dim=32, num_attention_heads=2, num_key_value_heads=1)
-    runner = _runner(hf)
-    assert runner.arch.rope_scaling.kind == "llama3"
+    executor = _executor(hf)
+    assert executor.arch().rope_scaling.kind == "llama3"
     tokens = torch.randint(3, 256, (150,), generator=torch.Generator().manual_seed(2)).tolist()
-    ours = _two_forwards(runner, {"long": tokens}, {"long": [100]})["long"]
+    ours = _two_forwards(executor, {"long": tokens}, {"long": [100]})["long"]
     torch.testing.assert_close(ours, _hf_logits(hf, tokens), atol=ATOL, rtol=0)

@@ -7,8 +7,11 @@ import torch
 from testkit import TinyCheckpoint, tiny_hf_model, tiny_llm
 
 from speculant import SamplingParams
-from speculant.attention.batch import SeqInput, build_forward_batch
+from speculant.attention.batch import SeqInput
+from speculant.executor.executor import Executor
 from speculant.executor.loading import build_runner
+from speculant.executor.plan import TARGET, ForwardPlan
+from speculant.speculative.draft_model import DRAFT
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 PROMPTS = [[5, 6, 7, 8, 9], list(range(10, 40)), [3], list(range(50, 61)), [9, 9, 9, 9], list(range(100, 117)), [7, 1], list(range(60, 68))]
@@ -76,18 +79,18 @@ def test_draft_kv_equals_fresh_prefill(target, weak_draft):
         engine.add_request(prompt, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
     for _ in range(8):
         engine.step()
-    proposer = engine.proposer
-    fresh = build_runner(TinyCheckpoint(weak_draft), llm.config.model)
+    proposer, draft_kv = engine.proposer, engine.executor.runner(DRAFT).kv
+    fresh = Executor(build_runner(TinyCheckpoint(weak_draft), llm.config.model))
     fresh.allocate_kv(64, engine.pages.page_size)
+    fresh_kv = fresh.runner(TARGET).kv
     for request in engine.scheduler.running:
         n = proposer.computed[request.request_id]
         assert n == request.num_tokens  # the draft is one token ahead of the target
-        table = list(range(fresh.kv.k.shape[1] // engine.pages.page_size))
-        fresh.forward(build_forward_batch([SeqInput(request.all_token_ids[:n], 0, table)], engine.pages.page_size))
-        ours = proposer.runner.kv.slots(engine.pages.table(request.request_id), n)
-        theirs = fresh.kv.slots(table, n)
-        torch.testing.assert_close(proposer.runner.kv.k[:, ours], fresh.kv.k[:, theirs], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(proposer.runner.kv.v[:, ours], fresh.kv.v[:, theirs], atol=1e-5, rtol=1e-5)
+        table = list(range(64))
+        fresh.run(ForwardPlan(TARGET, [SeqInput(request.all_token_ids[:n], 0, table)]))
+        ours, theirs = draft_kv.slots(engine.pages.table(request.request_id), n), fresh_kv.slots(table, n)
+        torch.testing.assert_close(draft_kv.k[:, ours], fresh_kv.k[:, theirs], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(draft_kv.v[:, ours], fresh_kv.v[:, theirs], atol=1e-5, rtol=1e-5)
 
 
 def test_vocabulary_mismatch_is_a_clear_error(target):

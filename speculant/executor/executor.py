@@ -1,0 +1,84 @@
+"""The executor: the one place model forwards run.
+
+It owns every model runner of the engine (the target, and the models proposers declare), sizes and
+allocates their K/V over the shared pages, and runs `ForwardPlan`s: the engine's own target
+forwards with `run`, a proposer's chain of dependent forwards with `drive`. On one rank this is
+a loop; it is where ranks would enter the same forwards together, and where a schedule would
+launch forwards ahead of the host.
+"""
+
+from __future__ import annotations
+
+from speculant.attention.batch import build_forward_batch
+from speculant.config import ArchConfig
+from speculant.executor.loading import build_runner, load_checkpoint_for
+from speculant.executor.model_runner import ModelRunner
+from speculant.executor.plan import TARGET, ForwardPlan, ForwardResult, Forwards, ModelSpec, T
+
+
+class Executor:
+    def __init__(self, target: ModelRunner) -> None:
+        self._runners: dict[str, ModelRunner] = {TARGET: target}
+        self.page_size: int | None = None  # set by allocate_kv
+
+    # ---- models -----------------------------------------------------------------------------
+
+    def add_model(self, spec: ModelSpec) -> None:
+        """Load and own a model a proposer declared (before `allocate_kv`)."""
+        if spec.name in self._runners:
+            raise ValueError(f"model name {spec.name!r} is already in use")
+        if self.page_size is not None:
+            raise RuntimeError("add_model after allocate_kv: the page budget is already fixed")
+        checkpoint = spec.checkpoint if spec.checkpoint is not None else load_checkpoint_for(spec.config.model, spec.config)
+        target_vocab, vocab = self.arch().vocab_size, checkpoint.arch.vocab_size
+        if spec.shares_vocab and vocab != target_vocab:
+            raise ValueError(
+                f"{spec.name} model {spec.config.model!r} has a vocabulary of {vocab} tokens, "
+                f"the target {target_vocab}: {spec.name} and target must share a vocabulary"
+            )
+        self._runners[spec.name] = build_runner(checkpoint, spec.config)
+
+    @property
+    def model_names(self) -> list[str]:
+        return list(self._runners)
+
+    def arch(self, model: str = TARGET) -> ArchConfig:
+        return self._runner(model).arch
+
+    def runner(self, model: str = TARGET) -> ModelRunner:
+        """A model's runner, for inspecting its K/V (tests); forwards go through `run`."""
+        return self._runner(model)
+
+    def _runner(self, model: str) -> ModelRunner:
+        if model not in self._runners:
+            raise KeyError(f"no model {model!r}; the executor runs {self.model_names}")
+        return self._runners[model]
+
+    # ---- K/V over the shared pages ------------------------------------------------------------
+
+    def kv_bytes_per_page(self, page_size: int) -> int:
+        """Bytes one page costs, summed over every model that writes K/V into it."""
+        return sum(r.kv_bytes_per_page(page_size) for r in self._runners.values())
+
+    def allocate_kv(self, num_pages: int, page_size: int) -> None:
+        for runner in self._runners.values():
+            runner.allocate_kv(num_pages, page_size)
+        self.page_size = page_size
+
+    # ---- forwards ---------------------------------------------------------------------------------
+
+    def run(self, plan: ForwardPlan) -> ForwardResult:
+        """One forward of `plan.model` over `plan.inputs`."""
+        assert self.page_size is not None, "allocate_kv first"
+        fb = build_forward_batch(plan.inputs, self.page_size)
+        logits, hidden = self._runner(plan.model).forward(fb, plan.input_embeds, plan.hidden_states)
+        return ForwardResult(logits, hidden)
+
+    def drive(self, forwards: Forwards[T]) -> T:
+        """Run a proposer's plans one by one, sending each result back; returns what it returns."""
+        try:
+            plan = next(forwards)
+            while True:
+                plan = forwards.send(self.run(plan))
+        except StopIteration as done:
+            return done.value

@@ -1,0 +1,62 @@
+"""Choosing each request's speculation length k from measured acceptance and measured cost.
+
+A pure function: given each request's chance that draft slot i is accepted (given slots < i
+were), its largest allowed k, and the cost of a step as a function of the per-request k's, pick
+the k's that maximise expected emitted tokens per second for the whole batch. k = 0 is plain
+decoding for that request.
+
+Expected tokens of a request with k drafts (chain acceptance stops at the first rejection; the
+target's bonus or recovered token always comes):
+    E[emitted](k) = 1 + sum_{i=1..k} prod_{j<=i} alpha_j
+Each increment k -> k+1 adds prod_{j<=k+1} alpha_j, which never grows with k, so raising the k
+with the largest next gain first visits the best allocation for every total number of drafts;
+the search keeps the allocation with the highest expected tokens per second along that path.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Sequence
+
+
+def expected_tokens(alphas: Sequence[float], k: int) -> float:
+    """E[tokens emitted] with k drafts whose conditional acceptance chances are `alphas`."""
+    total, survive = 1.0, 1.0
+    for i in range(k):
+        survive *= _at(alphas, i)
+        total += survive
+    return total
+
+
+def choose_k(
+    alphas: Sequence[Sequence[float]],  # [B][k_max_b] P(slot i accepted | slots < i accepted)
+    k_max: Sequence[int],  # [B] upper bound per request (0: this request does not speculate)
+    step_cost: Callable[[list[int]], float],  # per-request k's -> seconds for the whole step
+) -> list[int]:
+    """Per-request k maximising sum_b E[emitted_b] / step_cost(k); ties keep the smaller k's."""
+    ks = [0] * len(k_max)
+    survive = [1.0] * len(k_max)
+    gains = [(-_at(alphas[b], 0), b) for b in range(len(k_max)) if k_max[b] > 0]
+    heapq.heapify(gains)
+    tokens = float(len(k_max))
+    best, best_rate = list(ks), tokens / step_cost(ks)
+    while gains:
+        neg_gain, b = heapq.heappop(gains)
+        if neg_gain >= 0:  # nothing left that could be accepted
+            break
+        ks[b] += 1
+        tokens -= neg_gain
+        survive[b] = -neg_gain
+        rate = tokens / step_cost(ks)
+        if rate > best_rate * (1 + 1e-9):
+            best, best_rate = list(ks), rate
+        if ks[b] < k_max[b]:
+            heapq.heappush(gains, (-survive[b] * _at(alphas[b], ks[b]), b))
+    return best
+
+
+def _at(alphas: Sequence[float], i: int) -> float:
+    """alpha at slot i; slots past the measured ones repeat the last measurement."""
+    if not alphas:
+        return 0.0
+    return min(1.0, max(0.0, alphas[min(i, len(alphas) - 1)]))

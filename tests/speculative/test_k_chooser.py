@@ -1,0 +1,61 @@
+"""The k chooser is a pure function of acceptance chances and step cost."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from speculant.speculative.k_chooser import choose_k, expected_tokens
+
+
+def linear_cost(base: float, per_token: float):
+    return lambda ks: base + per_token * sum(k + 1 for k in ks)
+
+
+def test_expected_tokens_of_a_chain():
+    assert expected_tokens([1.0], 4) == 5.0
+    assert expected_tokens([0.0], 4) == 1.0
+    assert expected_tokens([0.5, 0.5], 2) == pytest.approx(1 + 0.5 + 0.25)
+    assert expected_tokens([0.8], 3) == pytest.approx(1 + 0.8 + 0.64 + 0.512)  # last alpha repeats
+
+
+def test_a_draft_that_is_always_right_gets_the_largest_k():
+    assert choose_k([[1.0] * 8, [1.0] * 8], [8, 5], linear_cost(1.0, 0.1)) == [8, 5]
+
+
+def test_a_draft_that_is_never_right_gets_zero():
+    assert choose_k([[0.0] * 4, [1.0] * 4], [4, 4], linear_cost(1.0, 0.1)) == [0, 4]
+
+
+def test_costs_flat_in_k_give_the_largest_k():
+    assert choose_k([[0.3, 0.2, 0.1], [0.05]], [3, 6], lambda ks: 1.0) == [3, 6]
+
+
+def test_expensive_verification_turns_speculation_off():
+    # a second token costs as much as the first: a 40% draft cannot pay for itself
+    assert choose_k([[0.4]], [4], lambda ks: 1.0 + sum(ks)) == [0]
+
+
+def test_requests_without_room_are_left_at_zero():
+    assert choose_k([[1.0], [1.0]], [0, 3], lambda ks: 1.0) == [0, 3]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_matches_exhaustive_search_on_small_batches(seed):
+    import random
+
+    rng = random.Random(seed)
+    alphas = [[rng.random() for _ in range(3)] for _ in range(3)]
+    k_max = [3, 2, 3]
+    base, per_token, per_max = rng.uniform(0.5, 2), rng.uniform(0.01, 0.5), rng.uniform(0, 0.3)
+
+    def cost(ks):  # verify tokens plus a draft chain as long as the longest k
+        return base + per_token * sum(k + 1 for k in ks) + per_max * max(ks)
+
+    def rate(ks):
+        return sum(expected_tokens(a, k) for a, k in zip(alphas, ks)) / cost(ks)
+
+    best = max(itertools.product(*(range(m + 1) for m in k_max)), key=rate)
+    chosen = choose_k(alphas, k_max, cost)
+    assert rate(chosen) >= rate(best) * 0.97
