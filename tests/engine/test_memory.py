@@ -152,3 +152,14 @@ def test_carried_draft_logits_hold_one_row_each():
     carried = engine.proposer.carried
     assert len(carried) == 5
     assert all(t.untyped_storage().nbytes() == 256 * 4 for t in carried.values())
+
+
+def test_generate_verbose_prints_the_plan_at_start_up(monkeypatch, capsys):
+    import speculant.llm
+    from speculant.cli import main
+
+    monkeypatch.setattr(speculant.llm, "LLM", lambda config: LLM(config=config, checkpoint=TinyCheckpoint(_target())))
+    main(["generate", "--model", "tiny", "--prompt", "hi", "--verbose", "--memory-budget", str(256 * MIB)])
+    err = capsys.readouterr().err  # the tiny model has no tokenizer: the plan is printed before that error
+    assert "memory plan (" in err and "target_weights" in err
+    assert "256.0 MiB" in err.split("total")[1].splitlines()[0]
