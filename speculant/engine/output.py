@@ -6,10 +6,12 @@ import time
 from dataclasses import dataclass
 
 from speculant.core import CompletionStats, Request, RequestOutput, RequestStatus
+from speculant.engine.detokenizer import IncrementalDetokenizer
 
 
 @dataclass
 class _TextState:
+    detokenizer: IncrementalDetokenizer
     text: str = ""  # decoded output, cut at a stop string once one is found
     sent: int = 0  # characters already reported
 
@@ -44,7 +46,9 @@ class OutputProcessor:
         return None
 
     def make_output(self, req: Request, new_tokens: list[int]) -> RequestOutput:
-        state = self._text.setdefault(req.request_id, _TextState())
+        state = self._text.get(req.request_id)
+        if state is None:
+            state = self._text[req.request_id] = _TextState(IncrementalDetokenizer(self.tokenizer))
         if new_tokens and self.tokenizer is not None:  # token-id-only models produce no text
             self._update_text(req, state)
         ready = len(state.text) if req.finished else _stable_length(state.text, req.params.stop)
@@ -68,7 +72,7 @@ class OutputProcessor:
         )
 
     def _update_text(self, req: Request, state: _TextState) -> None:
-        text = self.tokenizer.decode(req.output_token_ids, skip_special_tokens=True)
+        text = state.detokenizer.update(req.output_token_ids)
         cut = _first_stop(text, req.params.stop, start=max(0, len(state.text) - _longest(req.params.stop)))
         if cut is not None:
             text = text[:cut]
@@ -93,7 +97,7 @@ def _stable_length(text: str, stops: tuple[str, ...]) -> int:
         end -= 1
     for stop in stops:
         for n in range(min(len(stop) - 1, end), 0, -1):
-            if text[:end].endswith(stop[:n]):
+            if text.endswith(stop[:n], 0, end):
                 end -= n
                 break
     return max(end, 0)

@@ -4,6 +4,9 @@ Each step the scheduler fills a token budget: running decodes first (each needs 
 plus the proposer's lookahead slots), then unfinished prefill chunks, then waiting requests in
 arrival order. When pages run out, the most recently arrived running request is preempted: its
 pages go back and it re-enters the queue's head to be recomputed from prompt + output so far.
+
+`running` is an insertion-ordered dict used as a set, kept in arrival order, so membership,
+removal and finding the youngest request cost O(1) per request rather than a scan of the batch.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ class Scheduler:
     ) -> None:
         self.config, self.pages, self.lookahead, self.on_preempt = config, pages, lookahead, on_preempt
         self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
+        self.running: dict[Request, None] = {}  # in arrival order (preemption picks the youngest)
 
     def add(self, request: Request) -> None:
         if len(self.waiting) >= self.config.max_waiting:
@@ -40,7 +43,7 @@ class Scheduler:
     def remove(self, request: Request) -> None:
         """Forget a finished or aborted request and return its pages."""
         if request in self.running:
-            self.running.remove(request)
+            del self.running[request]
         elif request in self.waiting:
             self.waiting.remove(request)
         self.pages.release(request.request_id)
@@ -52,13 +55,15 @@ class Scheduler:
     def schedule(self) -> Batch:
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledSeq] = []
+        taken: set[Request] = set()  # requests in this step's batch
         for request in sorted(self.running, key=lambda r: r.is_prefill):  # decodes first, stable FCFS
             if request not in self.running:
                 continue  # preempted while making room for an older request
             num_new = self._num_new_tokens(request, budget)
-            if num_new == 0 or not self._reserve(request, num_new, scheduled):
+            if num_new == 0 or not self._reserve(request, num_new, taken):
                 continue
             scheduled.append(ScheduledSeq(request, num_new))
+            taken.add(request)
             budget -= num_new
         self._admit(scheduled, budget)
         return Batch(scheduled)
@@ -73,21 +78,19 @@ class Scheduler:
         end = request.num_computed_tokens + num_new
         return end + self.lookahead(request) if end == request.num_tokens else end
 
-    def _reserve(self, request: Request, num_new: int, scheduled: list[ScheduledSeq]) -> bool:
+    def _reserve(self, request: Request, num_new: int, taken: set[Request]) -> bool:
         """Make `request`'s pages cover this step, preempting the youngest requests not already
         in this step's batch (possibly `request` itself) if needed."""
         slots = self._slots_needed(request, num_new)
-        taken = {id(s.request) for s in scheduled}
         while not self.pages.ensure(request.request_id, slots):
-            victims = [r for r in self.running if id(r) not in taken]
-            victim = victims[-1] if victims else request
+            victim = next((r for r in reversed(self.running) if r not in taken), request)
             self._preempt(victim)
             if victim is request:
                 return False
         return True
 
     def _preempt(self, request: Request) -> None:
-        self.running.remove(request)
+        del self.running[request]
         self.pages.release(request.request_id)
         request.status = RequestStatus.WAITING
         request.num_computed_tokens = 0
@@ -103,7 +106,13 @@ class Scheduler:
                 break  # FCFS: nobody overtakes the head of the queue
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
-            self.running.append(request)
-            self.running.sort(key=lambda r: r.arrival_time)  # preemption picks the youngest
+            self._add_running(request)
             scheduled.append(ScheduledSeq(request, num_new))
             budget -= num_new
+
+    def _add_running(self, request: Request) -> None:
+        """Insert in arrival order: new requests append; a readmitted preempted one re-sorts."""
+        youngest = next(reversed(self.running), None)
+        self.running[request] = None
+        if youngest is not None and request.arrival_time < youngest.arrival_time:
+            self.running = dict.fromkeys(sorted(self.running, key=lambda r: r.arrival_time))

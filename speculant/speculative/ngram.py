@@ -1,29 +1,83 @@
 """Prompt-lookup decoding: propose what followed the latest earlier match of the sequence's last
-n tokens (n from `ngram.max_n` down to `ngram.min_n`). No model, no KV: the draft is one-hot."""
+n tokens (n from `ngram.max_n` down to `ngram.min_n`). No model, no KV: the draft is one-hot.
+
+Each request keeps an `NgramIndex` that is fed only the tokens added since its last step, so a
+step costs O(new tokens x n-gram sizes), not a rescan of the whole sequence.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
-from speculant.core import Batch, DraftProposal
+from speculant.core import Batch, DraftProposal, Request
 from speculant.executor.plan import Forwards
-from speculant.speculative.base import Proposer, pad_proposals
+from speculant.speculative.base import Proposer, ProposerContext, pad_proposals
+
+
+class NgramIndex:
+    """The latest start of every n-gram (min_n <= n <= max_n) of a growing token sequence.
+
+    Only n-grams that end before the sequence's last token are indexed, so a lookup of the
+    sequence's own suffix finds an earlier occurrence with at least one token after it.
+    """
+
+    def __init__(self, min_n: int, max_n: int) -> None:
+        self.min_n, self.max_n = min_n, max_n
+        self.tokens: list[int] = []
+        self._latest: dict[tuple[int, ...], int] = {}  # n-gram -> start of its latest occurrence
+        self._indexed_end = 0  # every n-gram inside tokens[:_indexed_end] is in _latest
+
+    def extend(self, tokens: list[int]) -> None:
+        self.tokens.extend(tokens)
+
+    def continuation(self, k: int) -> list[int]:
+        """Up to k tokens that followed the latest earlier occurrence of the longest matching
+        suffix; [] when nothing matches (same result as `ngram_continuation`)."""
+        if k <= 0:
+            return []
+        self._catch_up()
+        length = len(self.tokens)
+        for n in range(min(self.max_n, length - 1), self.min_n - 1, -1):
+            start = self._latest.get(tuple(self.tokens[length - n :]))
+            if start is not None:
+                return self.tokens[start + n : start + n + k]
+        return []
+
+    def _catch_up(self) -> None:
+        """Index the n-grams ending at positions up to (excluding) the last token."""
+        tokens, end = self.tokens, len(self.tokens) - 1
+        for stop in range(self._indexed_end + 1, end + 1):
+            for n in range(self.min_n, min(self.max_n, stop) + 1):
+                self._latest[tuple(tokens[stop - n : stop])] = stop - n
+        self._indexed_end = max(self._indexed_end, end)
 
 
 class NgramProposer(Proposer):
+    def __init__(self, ctx: ProposerContext) -> None:
+        super().__init__(ctx)
+        self._indexes: dict[str, NgramIndex] = {}  # per running request
+
     def propose(self, batch: Batch) -> Forwards[DraftProposal]:
-        ngram = self.ctx.speculative.ngram
-        drafts = [
-            ngram_continuation(np.asarray(r.all_token_ids), self.num_draft_tokens(r), ngram.min_n, ngram.max_n)
-            for r in batch.requests
-        ]
+        drafts = [self._index(r).continuation(self.num_draft_tokens(r)) for r in batch.requests]
         yield from ()  # a lookup, no model forward
         return pad_proposals(drafts)
+
+    def _index(self, request: Request) -> NgramIndex:
+        index = self._indexes.get(request.request_id)
+        if index is None or len(index.tokens) > request.num_tokens:
+            ngram = self.ctx.speculative.ngram
+            index = self._indexes[request.request_id] = NgramIndex(ngram.min_n, ngram.max_n)
+        index.extend(request.token_slice(len(index.tokens), request.num_tokens))
+        return index
+
+    def release(self, request: Request) -> None:
+        self._indexes.pop(request.request_id, None)
 
 
 def ngram_continuation(tokens: np.ndarray, k: int, n_min: int, n_max: int) -> list[int]:
     """Up to k tokens that followed the most recent earlier occurrence of the longest matching
-    suffix of `tokens` (length n_max down to n_min); [] when nothing matches."""
+    suffix of `tokens` (length n_max down to n_min); [] when nothing matches. The reference
+    scan `NgramIndex` is tested against."""
     if k <= 0:
         return []
     length = len(tokens)

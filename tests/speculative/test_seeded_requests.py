@@ -1,0 +1,49 @@
+"""A seeded sampling request is reproducible under speculation: its tokens are the same alone
+and inside a batch of unseeded requests, in an engine with another engine seed (so nothing of
+it may come from the engine's generator or depend on its neighbours), for draft-target with
+sampled and greedy drafts, and for n-gram."""
+
+from __future__ import annotations
+
+import pytest
+from testkit import tiny_hf_model, tiny_llm
+
+from speculant import SamplingParams
+
+TINY = dict(vocab_size=16, bos_token_id=1, eos_token_id=2)  # n-gram drafts get accepted too
+SEEDED_PROMPT = [5, 6, 7, 5, 6, 7, 5, 6]
+SEEDED = SamplingParams(max_tokens=40, temperature=0.8, top_k=40, seed=1234, ignore_eos=True)
+OTHERS = [  # unseeded neighbours, finishing at different steps so the batch shrinks under it
+    ([9, 10, 11, 9, 10, 12], SamplingParams(max_tokens=12, temperature=1.0, ignore_eos=True)),
+    ([3, 4, 3, 4, 3, 4, 3], SamplingParams(max_tokens=50, temperature=0.7, top_p=0.9, ignore_eos=True)),
+    ([13, 14, 15], SamplingParams(max_tokens=25, temperature=1.0, min_p=0.05, ignore_eos=True)),
+]
+METHODS = {
+    "draft-sampled": dict(speculative="draft", draft_sampling="sample"),
+    "draft-greedy": dict(speculative="draft", draft_sampling="greedy"),
+    "ngram": dict(speculative="ngram"),
+}
+
+
+@pytest.fixture(scope="module")
+def models():
+    return tiny_hf_model("llama", seed=1, **TINY), tiny_hf_model("llama", seed=7, num_hidden_layers=1, **TINY)
+
+
+def _llm(models, method: str, seed: int):
+    target, draft = models
+    options = dict(METHODS[method])
+    if options.pop("speculative") == "draft":
+        return tiny_llm(target, draft, num_draft_tokens=3, seed=seed, **options)
+    return tiny_llm(target, speculative="ngram", num_draft_tokens=3, seed=seed)
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_seeded_request_alone_equals_in_a_batch(models, method):
+    alone = _llm(models, method, seed=1).generate([SEEDED_PROMPT], SEEDED)[0]
+    prompts = [OTHERS[0][0], SEEDED_PROMPT, *[p for p, _ in OTHERS[1:]]]
+    params = [OTHERS[0][1], SEEDED, *[sp for _, sp in OTHERS[1:]]]
+    batched = _llm(models, method, seed=2).generate(prompts, params)[1]
+    assert batched.token_ids == alone.token_ids
+    assert alone.stats.draft_tokens > 0 and batched.stats.draft_tokens > 0
+    assert 0 < alone.stats.accepted_tokens < alone.stats.draft_tokens  # rejections happened too
