@@ -30,6 +30,8 @@ def _generate(args: argparse.Namespace) -> int:
         stop=tuple(args.stop or ()),
     )
     llm = LLM(config=engine_config(args))
+    if args.verbose:
+        print(f"memory plan ({llm.engine.num_pages} KV pages):\n{llm.engine.memory.describe()}", file=sys.stderr)
     prompt = llm.apply_chat_template([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
     if args.stream:
         out = None
@@ -109,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--request-seed", type=int, default=None)
     gen.add_argument("--stop", action="append", help="stop string (repeatable)")
     gen.add_argument("--stream", action="store_true", help="print text as it is generated")
+    gen.add_argument("--verbose", action="store_true", help="print the memory plan at start-up")
     gen.set_defaults(func=_generate)
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
     add_engine_arguments(serve)

@@ -101,11 +101,19 @@ class CacheConfig:
 
     page_size: int = option(16, "token slots per KV page")
     kv_cache_bytes: int = option(1 << 30, "K/V budget of all models together", flag="--kv-cache-mb", cli_scale=1 << 20)
-    num_pages: int | None = option(None, "KV page count, overriding the byte budget")
+    num_pages: int | None = option(None, "KV page count, overriding both budgets")
+    memory_budget: float | None = option(
+        None,
+        "bytes for everything the engine holds (weights, K/V, workspaces), or a fraction in (0, 1] of "
+        "the free device memory at start-up; the KV cache gets what the memory plan leaves "
+        "(overrides kv_cache_bytes)",
+    )
 
     def __post_init__(self) -> None:
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+        if self.memory_budget is not None and not self.memory_budget > 0:
+            raise ValueError(f"memory_budget must be bytes (> 1) or a fraction in (0, 1], got {self.memory_budget}")
         if self.num_pages is not None and self.num_pages < 1:
             raise ValueError(f"num_pages must be >= 1, got {self.num_pages}")
 

@@ -24,6 +24,12 @@ class AttentionBackend(ABC):
         """The model's head counts, head size and K/V dtype, for backends whose kernel plans need
         them before the first layer runs (FlashInfer); the default keeps nothing."""
 
+    def workspace_bytes(self, num_seqs: int, max_q: int, max_kv: int) -> int:
+        """Most bytes one forward allocates beyond its inputs, outputs and the K/V cache, for a
+        batch of `num_seqs` sequences of at most `max_q` queries over at most `max_kv` keys
+        (the engine's memory plan counts it); the default: none."""
+        return 0
+
     @abstractmethod
     def plan(self, fb: ForwardBatch, device: torch.device) -> Any:
         """Per-forward metadata for `forward`, from the host-side batch description."""

@@ -134,6 +134,9 @@ class FlashInferAttention(AttentionBackend):
             use_tensor_cores=num_heads // num_kv_heads >= TENSOR_CORE_DECODE_GROUP,
         )
 
+    def workspace_bytes(self, num_seqs: int, max_q: int, max_kv: int) -> int:
+        return WORKSPACE_BYTES  # allocated once, whatever the batch
+
     def plan(self, fb: ForwardBatch, device: torch.device) -> FlashInferMeta:
         if self.shape is None:
             raise RuntimeError("FlashInferAttention.configure(...) must run before plan()")

@@ -32,6 +32,19 @@ class TorchAttention(AttentionBackend):
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
+        self.shape: tuple[int, int, int, int] = (1, 1, 1, 4)  # heads, kv heads, head_dim, K/V element bytes
+
+    def configure(self, num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
+        self.shape = (num_heads, num_kv_heads, head_dim, dtype.itemsize)
+
+    def workspace_bytes(self, num_seqs: int, max_q: int, max_kv: int) -> int:
+        """Per layer: the gathered keys and values [B, L, Hkv, D], the padded queries, SDPA's
+        output and its reshaped copy [B * Q, H, D]; per forward: the slot gather [B, L] int64 on
+        the host and device, the bool mask [B, Q, L] and SDPA's float copy of it."""
+        heads, kv_heads, head_dim, elt = self.shape
+        gathered = 2 * num_seqs * max_kv * kv_heads * head_dim * elt
+        queries = 3 * num_seqs * max_q * heads * head_dim * elt
+        return gathered + queries + 2 * 8 * num_seqs * max_kv + 5 * num_seqs * max_q * max_kv
 
     def plan(self, fb: ForwardBatch, device: torch.device) -> TorchAttentionMeta:
         q_lens, kv_lens = fb.q_lens, fb.kv_lens

@@ -24,6 +24,7 @@ from speculant.core import (
     StepOutput,
     StepResult,
 )
+from speculant.engine.memory import plan_engine, resolve_budget
 from speculant.engine.output import OutputProcessor
 from speculant.engine.sampling_rows import SamplingRows
 from speculant.engine.stats import EngineStats
@@ -49,6 +50,7 @@ class Engine:
     def __init__(self, config: EngineConfig, checkpoint=None, draft_checkpoint=None) -> None:
         self.config = config
         self.device = torch.device(config.model.device)
+        budget = resolve_budget(config.cache.memory_budget, self.device)  # free memory before any weight
         target, self.tokenizer = load_target(config, checkpoint)
         self.executor = Executor(target)
         self.arch = self.executor.arch()
@@ -58,7 +60,7 @@ class Engine:
         )
         for spec in self.proposer.model_specs():
             self.executor.add_model(spec)
-        self.num_pages = self._allocate_cache()
+        self.num_pages = self._allocate_cache(budget)
         self.pages = PageTables(PageAllocator(self.num_pages), config.cache.page_size)
         self.proposer.bind(self.pages)
         self.scheduler = Scheduler(config.scheduler, self.pages, self.proposer.lookahead_slots, self.proposer.release)
@@ -72,13 +74,11 @@ class Engine:
         self.stop_token_ids = _stop_token_ids(self.tokenizer, self.arch)
         self._ids = itertools.count()
 
-    def _allocate_cache(self) -> int:
-        """Pages from the byte budget, counting every model's K/V bytes per page."""
-        cache = self.config.cache
-        per_page = self.executor.kv_bytes_per_page(cache.page_size)
-        num_pages = cache.num_pages or max(1, cache.kv_cache_bytes // per_page)
-        self.executor.allocate_kv(num_pages, cache.page_size)
-        return num_pages
+    def _allocate_cache(self, budget: int | None) -> int:
+        """Pages from the memory plan (`speculant.engine.memory`), every model's K/V per page."""
+        self.memory = plan_engine(self.config, self.executor, self.proposer, budget)
+        self.executor.allocate_kv(self.memory.num_pages, self.config.cache.page_size)
+        return self.memory.num_pages
 
     # ---- requests -------------------------------------------------------------------------
 
@@ -128,7 +128,10 @@ class Engine:
             raise ValueError(f"prompt is {n} tokens, longer than the model's context of {limit} (leave room for one output token)")
         slots = n + 1 + self.proposer.lookahead_slots(request)
         if self.pages.pages_for(slots) > self.num_pages:
-            raise ValueError(f"prompt needs {self.pages.pages_for(slots)} KV pages, the cache has {self.num_pages}")
+            raise ValueError(
+                f"prompt needs {self.pages.pages_for(slots)} KV pages, the cache has {self.num_pages} "
+                f"({self.memory.kv_cache} bytes; memory_budget or kv_cache_bytes sizes it)"
+            )
 
     def abort_request(self, request_id: str, error: str | None = None) -> RequestOutput | None:
         """Finish a request now: "abort", or "error" with the message when `error` is given."""

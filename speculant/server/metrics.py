@@ -99,6 +99,12 @@ class ServerMetrics:
         )
         self.kv_free = self._gauge("speculant_kv_pages_free", "KV cache pages free")
         self.kv_total = self._gauge("speculant_kv_pages_total", "KV cache pages in all")
+        self.memory_plan = Gauge(
+            "speculant_memory_plan_bytes",
+            "The engine's memory plan: bytes by item (weights, KV cache, workspaces) and total",
+            ("item",),
+            registry=self.registry,
+        )
         self.prompt_tokens = self._counter(
             "speculant_prompt_tokens", "Prompt tokens of finished requests"
         )
@@ -195,6 +201,8 @@ class ServerMetrics:
         self.kv_used.set(engine.pages.allocator.num_used)
         self.kv_free.set(engine.pages.allocator.num_free)
         self.kv_total.set(engine.num_pages)
+        for item, value in engine.memory.as_dict().items():
+            self.memory_plan.labels(item=item).set(value)
 
 
 class _Snapshot:

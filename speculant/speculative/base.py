@@ -49,11 +49,18 @@ class Proposer(ABC):
         """The engine's page tables, once the cache (sized over every model) exists."""
         self.pages = pages
 
+    def memory_bytes(self, max_num_seqs: int) -> dict[str, int]:
+        """Bytes this proposer keeps or allocates per step beyond its models' weights and K/V,
+        by memory-plan item (`speculant.engine.memory.MemoryPlan` fields)."""
+        return {}
+
     def num_draft_tokens(self, request: Request) -> int:
-        """k for this request this step: its own or the engine's, cut so that the drafts (and a
-        fed bonus token) stay inside the model's context and the whole KV cache."""
-        k = request.params.num_draft_tokens
-        k = self.ctx.speculative.num_draft_tokens if k is None else k
+        """k for this request this step: the engine's, or the request's own when lower, cut so
+        that the drafts (and a fed bonus token) stay inside the model's context and the whole
+        KV cache."""
+        k = self.ctx.speculative.num_draft_tokens
+        if request.params.num_draft_tokens is not None:  # may lower k, never raise it past the memory plan's
+            k = min(k, request.params.num_draft_tokens)
         limit = self.ctx.target_arch.max_position
         if self.pages is not None:
             limit = min(limit, self.pages.allocator.num_pages * self.pages.page_size)

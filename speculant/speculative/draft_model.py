@@ -36,6 +36,16 @@ class DraftModelProposer(Proposer):
         config = dataclasses.replace(target, model=draft.model, dtype=draft.dtype or target.dtype)
         return [ModelSpec(DRAFT, config, self.ctx.draft_checkpoint)]
 
+    def memory_bytes(self, max_num_seqs: int) -> dict[str, int]:
+        """Carried logits [B, V] fp32 (one row per request, copied out of its feed's logits);
+        sampled drafts' probabilities [B, k, V] fp32. The per-step stack of carried rows and the
+        draft's sampling temporaries ([B, V]-sized) are smaller than the verify buffers that
+        follow them, which the plan counts."""
+        row = self.ctx.target_arch.vocab_size * 4
+        sampled = self.ctx.speculative.draft.sampling == "sample"
+        k = self.ctx.speculative.num_draft_tokens
+        return {"draft_logits": max_num_seqs * row, "draft_probs": max_num_seqs * k * row if sampled else 0}
+
     def lookahead_slots(self, request: Request) -> int:
         """k verified slots, plus the bonus token the draft is fed after a full accept."""
         return self.num_draft_tokens(request) + 1
@@ -64,7 +74,7 @@ class DraftModelProposer(Proposer):
         logits = (yield ForwardPlan(DRAFT, inputs)).logits
         for b, (r, tokens, start) in enumerate(feeds):
             self.computed[r.request_id] = start + len(tokens)
-            self.carried[r.request_id] = logits[b]
+            self.carried[r.request_id] = logits[b].clone()  # a view would keep all feed rows alive
         return logits
 
     def propose(self, batch: Batch) -> Forwards[DraftProposal]:

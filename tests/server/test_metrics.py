@@ -144,3 +144,12 @@ def test_metrics_lists_latency_and_capacity(server):
         "speculant_request_latency_seconds_count",
     ):
         assert name in after
+
+
+def test_metrics_report_the_memory_plan(server):
+    metrics = server.metrics()
+    plan = {k: v for k, v in metrics.items() if k.startswith("speculant_memory_plan_bytes{")}
+    total = plan.pop('speculant_memory_plan_bytes{item="total"}')
+    assert 'speculant_memory_plan_bytes{item="kv_cache"}' in plan
+    assert 'speculant_memory_plan_bytes{item="target_weights"}' in plan
+    assert total == sum(plan.values()) > 0

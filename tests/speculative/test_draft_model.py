@@ -57,7 +57,7 @@ def test_target_as_own_draft_accepts_everything(target, plain_outputs, k):
 
 
 def test_per_request_k_mixed_in_one_batch(target, weak_draft, plain_outputs):
-    llm = tiny_llm(target, weak_draft, num_draft_tokens=2)
+    llm = tiny_llm(target, weak_draft, num_draft_tokens=6)
     params = [SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, num_draft_tokens=k) for k in (0, 1, 4, 2, 6, 3, 0, 5)]
     outs = llm.generate(PROMPTS, params)
     assert [o.token_ids for o in outs] == plain_outputs
