@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_WEIGHT_MODES = ("auto", "fp32", "bf16", "int8", "int4")
 
 
 @dataclass(frozen=True)
@@ -65,10 +66,15 @@ class ModelConfig:
     device: str = "cpu"
     attention_backend: str = "auto"  # "auto" | "torch" | "flashinfer"
     seed: int = 0
+    # Linear weights: "fp32" dense in `dtype` (the exact reference); "bf16" dense bfloat16;
+    # "int8"/"int4" quantized on load; "auto" keeps a quantized GGUF's blocks quantized.
+    weights: str = "fp32"
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if self.weights not in _WEIGHT_MODES:
+            raise ValueError(f"weights must be one of {list(_WEIGHT_MODES)}, got {self.weights!r}")
 
     @property
     def torch_dtype(self) -> torch.dtype:
