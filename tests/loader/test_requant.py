@@ -57,3 +57,27 @@ def test_quantized_products_match_the_gguf_values(qtype):
     reference = x.double() @ torch.from_numpy(expected).double().t()
     error = (layer(x).double() - reference).abs().max()
     assert error <= 0.02 * reference.abs().max()
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("qtype", [QType.Q4_1, QType.Q4_K, QType.Q8_0, QType.F16], ids=lambda q: q.name)
+def test_gguf_kept_quantized_matches_its_dequantized_load(request, gguf_writer, family, qtype):
+    """Linear weights come out in the quantized layouts (q/k rows unpermuted like the float
+    ones); norms, biases and the embedding table stay float; a tied head gets its own copy."""
+    from speculant.loader import load_checkpoint
+
+    path, expected = gguf_writer(request.getfixturevalue(f"tiny_{family}_dir"), qtype)
+    kept = load_checkpoint(str(path), keep_quantized=True).weights
+    assert expected.keys() <= kept.keys()
+    for name, reference in expected.items():
+        weight = kept[name]
+        if qtype == QType.F16 or reference.dim() == 1 or "embed_tokens" in name:
+            assert torch.equal(weight, reference), name
+            continue
+        assert isinstance(weight, Int4Groups if qtype != QType.Q8_0 else Int8Rows), name
+        bound = 4e-7 if isinstance(weight, Int4Groups) else 1 / 254 * (1 + 1e-5)
+        error = (weight.dequantize() - reference).abs().max()
+        assert error <= bound * reference.abs().max(), name
+    if "lm_head.weight" not in expected and qtype != QType.F16:
+        head = kept["lm_head.weight"].dequantize()
+        assert (head - expected["model.embed_tokens.weight"]).abs().max() <= 0.01 * head.abs().max()
