@@ -53,9 +53,13 @@ class LlamaForCausalLM(CausalLM):
         self.layers = [self._load_layer(get, weights, i) for i in range(self.arch.num_layers)]
 
     def _linear(self, weight, bias: torch.Tensor | None = None) -> Linear:
+        mode = self.weights_mode
+        if self.device.type != "cpu":  # the int4/int8 kernels used here are CPU kernels
+            weight = weight if isinstance(weight, torch.Tensor) else weight.dequantize()
+            mode = "bf16" if mode == "bf16" else "fp32"
         if isinstance(weight, torch.Tensor):
             weight = weight.to(self.device)
-        return make_linear(weight, bias, self.weights_mode, self.dtype)
+        return make_linear(weight, bias, mode, self.dtype)
 
     def _load_layer(self, get, weights: dict, i: int) -> LayerWeights:
         p = f"model.layers.{i}."
