@@ -35,9 +35,17 @@ def test_4bit_blocks_keep_their_integers(qtype):
     np.testing.assert_allclose(weight.dequantize().numpy(), expected, rtol=0, atol=4e-7 * scale)
 
 
-@pytest.mark.parametrize(
-    "qtype", [QType.Q8_0, QType.Q5_0, QType.Q5_1, QType.Q5_K, QType.Q6_K], ids=lambda q: q.name
-)
+@pytest.mark.parametrize("qtype", [QType.Q5_0, QType.Q5_1, QType.Q5_K], ids=lambda q: q.name)
+def test_5bit_blocks_become_int4_groups_within_half_a_step(qtype):
+    raw, expected = _raw(qtype, np.random.default_rng(3))
+    weight = requantize(raw, qtype, (ROWS, 512))
+    assert isinstance(weight, Int4Groups)
+    half_step = weight.scale.repeat_interleave(32, dim=1).numpy() / 2
+    error = np.abs(weight.dequantize().numpy() - expected)
+    assert (error <= half_step + 1e-6 * np.abs(expected).max()).all()
+
+
+@pytest.mark.parametrize("qtype", [QType.Q8_0, QType.Q6_K], ids=lambda q: q.name)
 def test_other_blocks_become_int8_rows_within_half_a_step(qtype):
     raw, expected = _raw(qtype, np.random.default_rng(1))
     weight = requantize(raw, qtype, (ROWS, 512))
