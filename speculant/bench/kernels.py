@@ -81,12 +81,19 @@ def time_products(weights: list[torch.Tensor], rows: list[int], repeats: int) ->
     return result
 
 
+DENSE = ("F.linear", "speculant", "mm", "rowsplit", "onednn", "mkl")
+
+
 def table_rows(times: dict[int, dict[str, float]]) -> list[dict]:
+    """Adds the verification cost ratios: speculant's M rows over its 1 row, and the fastest fp32
+    kernel at M over the fastest fp32 kernel at 1 (so a slow 1-row choice cannot flatter it)."""
     one = times[min(times)]
+    best_one = min(v for k, v in one.items() if k in DENSE)
     rows = []
     for m, cells in times.items():
         row = {"rows": m, **cells}
         row["speculant/1-row"] = f"{cells['speculant'] / one['speculant']:.2f}x"
+        row["best fp32/1-row"] = f"{min(v for k, v in cells.items() if k in DENSE) / best_one:.2f}x"
         rows.append(row)
     return rows
 
@@ -107,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
             for stat, times in timed.items():
                 print(f"\n{model}, {label} ({shape} fp32), ms per product, {stat} of {args.repeats}")
                 rows = table_rows(times)
-                columns = ["rows", *times[args.rows[0]], "speculant/1-row"]
+                columns = ["rows", *times[args.rows[0]], "speculant/1-row", "best fp32/1-row"]
                 report["tables"][f"{model} {label} {stat}"] = {"rows": rows, "table": print_table(rows, columns)}
     report["choices"] = {k: v for k, v in autotune._memo.items()}
     report["command"] = "python -m speculant.bench.kernels " + " ".join(argv or [])
