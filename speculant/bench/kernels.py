@@ -8,7 +8,8 @@ Columns: `F.linear`; `speculant` (the dense layer with the kernel measured for e
 the dense kernels it chooses from (`mm` = W @ x^T, `rowsplit` = one bmm batch of rows per thread,
 `onednn` = oneDNN inner product on a pre-packed weight, `mkl` = MKL packed GEMM packed for that
 row count); and the quantized layers (bf16 activations). All kernels take turns in every repeat
-(interleaved), so load from other processes hits them alike; each cell is the median in ms, and
+(interleaved), so load from other processes hits them alike, and each product starts with the
+weight evicted from the CPU caches, as in a forward; each cell is the median in ms, and
 a second table gives the minimum (on a shared machine, the figure preemption spoils least).
 """
 
@@ -72,10 +73,13 @@ def time_products(weights: list[torch.Tensor], rows: list[int], repeats: int) ->
         samples: dict[str, list[float]] = {n: [] for n in names}
         for _ in range(repeats + 1):  # the first round warms up
             for n in names:
-                start = time.perf_counter()
+                elapsed = 0.0
                 for fn, xi in zip(fns[n], x):
+                    autotune.flush_cache()  # each weight comes from memory, as in a forward
+                    start = time.perf_counter()
                     fn(xi)
-                samples[n].append(time.perf_counter() - start)
+                    elapsed += time.perf_counter() - start
+                samples[n].append(elapsed)
         result["median"][m] = {n: 1e3 * statistics.median(s[1:]) for n, s in samples.items()}
         result["min"][m] = {n: 1e3 * min(s[1:]) for n, s in samples.items()}
     return result
