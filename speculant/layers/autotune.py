@@ -18,7 +18,7 @@ import time
 
 import torch
 
-BUCKETS = {"1": 1, "2-16": 5, "17-64": 32, "prefill": 256}  # bucket -> rows it is timed at
+BUCKETS = {"1": (1,), "2-16": (2, 5, 16), "17-64": (32,), "prefill": (256,)}  # bucket -> rows timed
 _MIN_TUNED_BYTES = 1 << 20
 _REPEATS = 15
 _memo: dict[str, dict[str, str]] = {}
@@ -101,8 +101,10 @@ def kernels_for(weight: torch.Tensor) -> dict[str, str]:
 def measure(weight: torch.Tensor, names: list[str] | None = None) -> dict[str, str]:
     """Time every kernel per bucket, interleaved; the fastest of `_REPEATS` runs decides (on a
     shared machine the minimum is the estimate that preemption by other processes spoils least)."""
-    times = time_kernels(weight, BUCKETS.values(), names or available(weight.dtype))
-    return {b: min(times[rows], key=times[rows].get) for b, rows in BUCKETS.items()}
+    names = names or available(weight.dtype)
+    times = time_kernels(weight, sorted({r for rows in BUCKETS.values() for r in rows}), names)
+    total = {b: {n: sum(times[r][n] for r in rows) for n in names} for b, rows in BUCKETS.items()}
+    return {b: min(t, key=t.get) for b, t in total.items()}
 
 
 def time_kernels(weight: torch.Tensor, row_counts, names: list[str], repeats: int = _REPEATS):
