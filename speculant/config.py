@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_WEIGHT_MODES = ("auto", "fp32", "bf16", "int8", "int4")
 
 
 def option(default: Any, help: str = "", **metadata: Any) -> Any:
@@ -85,10 +86,17 @@ class ModelConfig:
     device: str = option("cpu", "torch device, e.g. cpu or cuda:0")
     attention_backend: str = option("auto", "auto: flashinfer on CUDA in fp16/bf16 when installed", choices=_attention_backends)
     seed: int = option(0, "engine seed for requests without their own")
+    weights: str = option(
+        "fp32",
+        "linear weights: fp32 dense in dtype (the exact reference), bf16 dense, int8/int4 quantized on load, auto keeps a quantized GGUF quantized",
+        choices=_WEIGHT_MODES,
+    )
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if self.weights not in _WEIGHT_MODES:
+            raise ValueError(f"weights must be one of {list(_WEIGHT_MODES)}, got {self.weights!r}")
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -12,7 +12,7 @@ from speculant.models.registry import create_model
 
 def build_runner(checkpoint, model_config: ModelConfig) -> ModelRunner:
     device, dtype = torch.device(model_config.device), model_config.torch_dtype
-    model = create_model(checkpoint.arch, device, dtype)
+    model = create_model(checkpoint.arch, device, dtype, model_config.weights)
     model.load_weights(checkpoint.weights)
     backend = create_backend(model_config.attention_backend, device, dtype)
     return ModelRunner(model, backend, device, dtype)
@@ -21,7 +21,7 @@ def build_runner(checkpoint, model_config: ModelConfig) -> ModelRunner:
 def load_checkpoint_for(name: str, model_config: ModelConfig):
     from speculant.loader import load_checkpoint
 
-    return load_checkpoint(name, dtype=model_config.torch_dtype)
+    return load_checkpoint(name, dtype=model_config.torch_dtype, keep_quantized=model_config.weights in ("auto", "int8", "int4"))
 
 
 def load_target(config: EngineConfig, checkpoint=None):

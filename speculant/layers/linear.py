@@ -1,35 +1,114 @@
-"""Linear layers with the faster CPU kernel for the few-token shapes of decoding.
+"""Linear layers: one object per weight, its kernel chosen when the model is loaded.
 
-Measured on the project's 2-core AVX2 machine (MKL, torch 2.13, 9728 x 1536 fp32 weight):
-- `F.linear` takes 6.8 ms for 1 token but 27 ms for 5; `(W @ x^T)^T` takes 6.8 ms and 9.4 ms
-  and is no slower up to 512 tokens, so verification (2-16 tokens) runs 2-3x faster.
-- For 1 token MKL's GEMV streams the weight on one core (~8 GB/s); splitting the weight's rows
-  into one batch per thread (`bmm`) streams it on all cores: 4.8 ms instead of 7.1 ms.
-- Without native bf16, half-precision weights are 2x faster for one token (half the bytes) but
-  slow for many (64 tokens: 110 ms vs 27 ms in fp32), so from `_UPCAST_ROWS` tokens on a
-  half-precision weight is widened to fp32 for the product (a bf16 draft's prefill: 7.1 s -> ~1.5 s).
-Results equal `F.linear` up to summation order.
+`make_linear(weight, bias, mode)` returns a `DenseLinear` (float weights, a kernel per row-count
+bucket picked by `speculant.layers.autotune`), an `Int4Linear` or an `Int8Linear`; the model
+calls `layer(x)` and never looks at dtypes.
+
+Notes from the project's 2-core AVX2 machine (MKL, torch 2.13):
+- `F.linear` with few rows is several times slower than `(W @ x^T)^T`; for one row MKL's GEMV
+  streams the weight on one core, so splitting the weight's rows into one batch per thread
+  (`bmm`, "rowsplit") streams it on all cores; oneDNN's inner product on a pre-packed weight
+  keeps 2-16 rows close to the cost of one. Which wins differs per shape, hence the measurement.
+- The int4/int8 kernels are fast with bfloat16 activations (fp32 activations take a reference
+  path ~50x slower), so activations are rounded to bf16 for the product and the result widened.
+  Each output row depends only on its own input row (tests/layers check this bit for bit), so
+  a (k+1)-row verification computes what k+1 one-row decode steps would.
+- Without native bf16, half-precision dense weights are 2x faster for one row (half the bytes)
+  but slow for many, so from `_UPCAST_ROWS` rows a half-precision weight is widened for the product.
 """
 
 from __future__ import annotations
 
 import torch
 
+from speculant.layers import autotune
+from speculant.layers.quant import GROUP, Int4Groups, Int8Rows, quantize_int4, quantize_int8
+
 _UPCAST_ROWS = 16
+WEIGHT_MODES = ("auto", "fp32", "bf16", "int8", "int4")
+
+
+class DenseLinear:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        self.weight, self.bias = weight, bias  # [out, in], [out]
+        self.kernels = autotune.kernels_for(weight)  # bucket -> kernel name
+        self.packed = autotune.pack(weight, self.kernels)
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.weight.shape
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
+        w = self.weight
+        if x.device.type != "cpu":
+            return torch.nn.functional.linear(x, w, self.bias)
+        if w.dtype != torch.float32 and x.shape[0] >= _UPCAST_ROWS:
+            bias = None if self.bias is None else self.bias.float()
+            return autotune.run("mm", x.float(), w.float(), None, bias).to(x.dtype)
+        kernel = self.kernels[autotune.bucket(x.shape[0])]
+        return autotune.run(kernel, x.to(w.dtype), w, self.packed, self.bias).to(x.dtype)
+
+
+class Int4Linear:
+    """Group-wise int4 weight, packed for `_weight_int4pack_mm_for_cpu`."""
+
+    def __init__(self, weight: Int4Groups, bias: torch.Tensor | None = None) -> None:
+        self.shape, self.bias = weight.shape, bias
+        self.packed = torch._convert_weight_to_int4pack_for_cpu(weight.q.to(torch.int32), 2)
+        scale_zero = torch.stack([weight.scale, weight.zero], dim=-1)  # [out, groups, 2]
+        self.scale_zero = scale_zero.transpose(0, 1).contiguous().bfloat16()  # [groups, out, 2]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
+        out = torch._weight_int4pack_mm_for_cpu(x.bfloat16(), self.packed, GROUP, self.scale_zero)
+        out = out.to(x.dtype)
+        return out if self.bias is None else out.add_(self.bias)
+
+
+class Int8Linear:
+    """Int8 weight with one scale per output row, for `_weight_int8pack_mm`."""
+
+    def __init__(self, weight: Int8Rows, bias: torch.Tensor | None = None) -> None:
+        self.shape, self.bias = weight.shape, bias
+        self.q, self.scale = weight.q.contiguous(), weight.scale.bfloat16()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
+        out = torch._weight_int8pack_mm(x.bfloat16(), self.q, self.scale).to(x.dtype)
+        return out if self.bias is None else out.add_(self.bias)
+
+
+Linear = DenseLinear | Int4Linear | Int8Linear
+
+
+def int4_fits(shape: torch.Size | tuple[int, ...]) -> bool:
+    """The int4 packer needs whole groups along the input and out % 16 == 0."""
+    return shape[1] % GROUP == 0 and shape[0] % 16 == 0
+
+
+def make_linear(weight, bias: torch.Tensor | None, mode: str, dtype: torch.dtype) -> Linear:
+    """The layer for one weight: a quantized weight stays quantized (unless mode asks for a
+    float one), a float weight is quantized when mode is "int8"/"int4"."""
+    if mode in ("fp32", "bf16"):
+        return DenseLinear(_dense(weight, torch.bfloat16 if mode == "bf16" else dtype), bias)
+    if isinstance(weight, torch.Tensor) and mode == "auto":
+        return DenseLinear(weight.to(dtype), bias)
+    if mode == "int4" and not isinstance(weight, Int4Groups):
+        weight = quantize_int4(_dense(weight, torch.float32)) if int4_fits(weight.shape) else weight
+    if mode == "int8" and not isinstance(weight, Int8Rows):
+        weight = quantize_int8(_dense(weight, torch.float32))
+    if isinstance(weight, Int4Groups) and int4_fits(weight.shape):
+        return Int4Linear(weight, bias)
+    if not isinstance(weight, Int8Rows):
+        weight = quantize_int8(_dense(weight, torch.float32))
+    return Int8Linear(weight, bias)
+
+
+def _dense(weight, dtype: torch.dtype) -> torch.Tensor:
+    if isinstance(weight, torch.Tensor):
+        return weight.to(dtype)
+    return weight.dequantize().to(dtype)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [T, in], weight [out, in], bias [out] -> [T, out] (contiguous)."""
-    on_cpu = x.device.type == "cpu"
-    if on_cpu and weight.dtype != torch.float32 and x.shape[0] >= _UPCAST_ROWS:
-        out = linear(x.float(), weight.float(), None if bias is None else bias.float())
-        return out.to(x.dtype)
-    splits = torch.get_num_threads()
-    if on_cpu and x.shape[0] == 1 and splits > 1 and weight.shape[0] % splits == 0:
-        rows = weight.view(splits, weight.shape[0] // splits, weight.shape[1])
-        out = torch.bmm(rows, x.t().expand(splits, -1, -1)).view(1, weight.shape[0])
-    else:
-        out = torch.mm(weight, x.t()).t()
-    if bias is not None:
-        return out + bias  # a fresh contiguous tensor
-    return out.contiguous()
+    """x [T, in], weight [out, in], bias [out] -> [T, out] through the row-split/GEMM kernels."""
+    kernel = "rowsplit" if x.shape[0] == 1 else "mm"
+    return autotune.run(kernel, x, weight, None, bias)

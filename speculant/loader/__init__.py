@@ -4,7 +4,9 @@
     ckpt.arch.num_layers, ckpt.weights["model.embed_tokens.weight"], ckpt.tokenizer
 
 Whatever the source, weights come out under Hugging Face Llama/Qwen2 names with HF shapes
-(GGUF tensors dequantized and llama.cpp's q/k permutation undone), in the requested dtype.
+(GGUF tensors dequantized and llama.cpp's q/k permutation undone), in the requested dtype;
+with `keep_quantized`, a GGUF's quantized Linear weights come out as `speculant.layers.quant`
+layouts instead (Q4_* as int4 groups, the other block types as int8 rows).
 """
 
 from __future__ import annotations
@@ -29,19 +31,19 @@ __all__ = ["KNOWN_MODELS", "Checkpoint", "CheckpointError", "load_checkpoint", "
 @dataclass
 class Checkpoint:
     arch: ArchConfig
-    weights: dict[str, torch.Tensor]  # HF name -> tensor; Linear weights [out, in]
+    weights: dict  # HF name -> tensor (Linear weights [out, in]) or a quantized layout
     tokenizer: PreTrainedTokenizerFast  # .chat_template set when the checkpoint has one
     path: pathlib.Path  # the file or folder loaded
 
 
-def load_checkpoint(model: str, dtype: torch.dtype = torch.float32) -> Checkpoint:
+def load_checkpoint(model: str, dtype: torch.dtype = torch.float32, keep_quantized: bool = False) -> Checkpoint:
     """Load a registry model name, a HF folder (config.json + safetensors) or a .gguf file."""
     from speculant.loader.registry import resolve_model_path
 
     path = resolve_model_path(model)
     if path.is_dir():
         return _load_hf_folder(path, dtype)
-    return _load_gguf(path, dtype)
+    return _load_gguf(path, dtype, keep_quantized)
 
 
 def _load_hf_folder(folder: pathlib.Path, dtype: torch.dtype) -> Checkpoint:
@@ -58,13 +60,13 @@ def _load_hf_folder(folder: pathlib.Path, dtype: torch.dtype) -> Checkpoint:
     return Checkpoint(arch, weights, tokenizer, folder)
 
 
-def _load_gguf(path: pathlib.Path, dtype: torch.dtype) -> Checkpoint:
+def _load_gguf(path: pathlib.Path, dtype: torch.dtype, keep_quantized: bool = False) -> Checkpoint:
     from speculant.loader.gguf_file import GGUFFile
     from speculant.loader.gguf_loader import load_gguf_weights
     from speculant.loader.gguf_tokenizer import gguf_tokenizer
 
     gguf = GGUFFile(path)
-    arch, weights = load_gguf_weights(gguf, dtype)
+    arch, weights = load_gguf_weights(gguf, dtype, keep_quantized)
     return Checkpoint(arch, weights, gguf_tokenizer(gguf), path)
 
 

@@ -1,4 +1,5 @@
-"""Weights of a GGUF file as Hugging Face-named, dequantized torch tensors."""
+"""Weights of a GGUF file as Hugging Face-named torch tensors: dequantized, or (`keep_quantized`)
+with Linear weights in the quantized layouts of `speculant.layers.quant`."""
 
 from __future__ import annotations
 
@@ -9,32 +10,49 @@ from speculant.loader.dequant import SUPPORTED_TYPES, dequantize
 from speculant.loader.errors import CheckpointError
 from speculant.loader.gguf_arch import PERMUTED_FAMILIES, arch_config, hf_name
 from speculant.loader.gguf_file import GGUFFile
+from speculant.loader.requant import keeps_quantized, requantize
 from speculant.loader.validate import check_shapes
 
 
 def load_gguf_weights(
-    gguf: GGUFFile, dtype: torch.dtype
-) -> tuple[ArchConfig, dict[str, torch.Tensor]]:
+    gguf: GGUFFile, dtype: torch.dtype, keep_quantized: bool = False
+) -> tuple[ArchConfig, dict]:
     arch = arch_config(gguf)
     names = {hf: info.name for info in gguf.tensors.values() if (hf := hf_name(info.name))}
     # Shapes are checked from the tensor infos, before minutes of work could be wasted.
     check_shapes(arch, {hf: gguf.tensors[name].shape for hf, name in names.items()}, gguf.path)
     wanted = [hf for hf in names if hf != "lm_head.weight" or not arch.tie_word_embeddings]
-    return arch, {hf: _load_tensor(gguf, names[hf], hf, arch, dtype) for hf in wanted}
+    weights = {hf: _load_tensor(gguf, names[hf], hf, arch, dtype, keep_quantized) for hf in wanted}
+    embed = names.get("model.embed_tokens.weight")
+    if keep_quantized and "lm_head.weight" not in weights and embed is not None:
+        # A tied head keeps the embedding's blocks; the lookup table itself is dequantized.
+        weights["lm_head.weight"] = _load_tensor(gguf, embed, "lm_head.weight", arch, dtype, True)
+    return arch, weights
 
 
 def _load_tensor(
-    gguf: GGUFFile, name: str, hf: str, arch: ArchConfig, dtype: torch.dtype
-) -> torch.Tensor:
+    gguf: GGUFFile, name: str, hf: str, arch: ArchConfig, dtype: torch.dtype, keep_quantized: bool
+):
     info = gguf.tensors[name]
     if info.ggml_type not in SUPPORTED_TYPES:
         raise CheckpointError(gguf.path, f"unsupported tensor type {info.ggml_type.name}", name)
+    if keep_quantized and _is_linear(hf) and keeps_quantized(info.ggml_type, info.shape):
+        weight = requantize(gguf.raw(name), info.ggml_type, info.shape)
+        return weight.map_rows(lambda t: _unpermute(t, hf, arch))
     tensor = dequantize(gguf.raw(name), info.ggml_type, info.shape, dtype)
+    return _unpermute(tensor, hf, arch)
+
+
+def _is_linear(hf: str) -> bool:
+    return hf == "lm_head.weight" or hf.endswith("_proj.weight")
+
+
+def _unpermute(tensor: torch.Tensor, hf: str, arch: ArchConfig) -> torch.Tensor:
     if arch.family in PERMUTED_FAMILIES:
         if hf.endswith("self_attn.q_proj.weight") or hf.endswith("self_attn.q_proj.bias"):
-            tensor = unpermute_qk(tensor, arch.num_heads)
-        elif hf.endswith("self_attn.k_proj.weight") or hf.endswith("self_attn.k_proj.bias"):
-            tensor = unpermute_qk(tensor, arch.num_kv_heads)
+            return unpermute_qk(tensor, arch.num_heads)
+        if hf.endswith("self_attn.k_proj.weight") or hf.endswith("self_attn.k_proj.bias"):
+            return unpermute_qk(tensor, arch.num_kv_heads)
     return tensor
 
 

@@ -2,7 +2,8 @@
 
 Per layer: fused QKV projection (with bias for Qwen2), RoPE applied to q and k heads together,
 paged attention through the backend, fused gate/up projection. Weights arrive under Hugging Face
-names and are fused on load.
+names and are fused on load; each product is a `speculant.layers.linear` layer chosen then (dense
+with a measured kernel, int8 or int4), so the forward below never looks at dtypes.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from speculant.config import ArchConfig
-from speculant.layers.linear import linear
+from speculant.layers.linear import Linear, make_linear
+from speculant.layers.quant import cat_rows
 from speculant.layers.rotary import RotaryEmbedding, apply_rotary
 from speculant.models.base import CausalLM, ForwardContext
 
@@ -21,44 +23,58 @@ from speculant.models.base import CausalLM, ForwardContext
 @dataclass
 class LayerWeights:
     input_norm: torch.Tensor  # [hidden]
-    qkv: torch.Tensor  # [q_size + 2 * kv_size, hidden]
-    qkv_bias: torch.Tensor | None  # [q_size + 2 * kv_size]
-    o: torch.Tensor  # [hidden, q_size]
+    qkv: Linear  # [hidden] -> [q_size + 2 * kv_size] (with bias for Qwen2)
+    o: Linear  # [q_size] -> [hidden]
     post_norm: torch.Tensor  # [hidden]
-    gate_up: torch.Tensor  # [2 * intermediate, hidden]
-    down: torch.Tensor  # [hidden, intermediate]
+    gate_up: Linear  # [hidden] -> [2 * intermediate]
+    down: Linear  # [intermediate] -> [hidden]
 
 
 class LlamaForCausalLM(CausalLM):
-    def __init__(self, arch: ArchConfig, device: torch.device, dtype: torch.dtype) -> None:
-        self.arch, self.device, self.dtype = arch, device, dtype
+    def __init__(self, arch: ArchConfig, device: torch.device, dtype: torch.dtype, weights: str = "fp32") -> None:
+        self.arch, self.device, self.dtype, self.weights_mode = arch, device, dtype, weights
         self.rotary = RotaryEmbedding(arch, device, dtype)
         self.scale = arch.head_dim**-0.5
         self.layers: list[LayerWeights] = []
-        self.embed_tokens = self.norm = self.lm_head = torch.empty(0)
+        self.embed_tokens = self.norm = torch.empty(0)
+        self.lm_head: Linear | None = None
 
-    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+    def load_weights(self, weights: dict) -> None:
+        """HF-named weights: float tensors, or quantized layouts (`speculant.layers.quant`) for
+        Linear weights a quantized checkpoint keeps quantized."""
         get = lambda name: _take(weights, name).to(self.device, self.dtype)  # noqa: E731
         self.embed_tokens = get("model.embed_tokens.weight")
         self.norm = get("model.norm.weight")
-        tied = self.arch.tie_word_embeddings or "lm_head.weight" not in weights
-        self.lm_head = self.embed_tokens if tied else get("lm_head.weight")
+        # A tied head has its own quantized copy when the loader kept the embedding quantized.
+        head = weights.get("lm_head.weight")
+        if head is None or (self.arch.tie_word_embeddings and isinstance(head, torch.Tensor)):
+            head = self.embed_tokens
+        self.lm_head = self._linear(head)
         self.layers = [self._load_layer(get, weights, i) for i in range(self.arch.num_layers)]
 
-    def _load_layer(self, get, weights: dict[str, torch.Tensor], i: int) -> LayerWeights:
+    def _linear(self, weight, bias: torch.Tensor | None = None) -> Linear:
+        mode = self.weights_mode
+        if self.device.type != "cpu":  # the int4/int8 kernels used here are CPU kernels
+            weight = weight if isinstance(weight, torch.Tensor) else weight.dequantize()
+            mode = "bf16" if mode == "bf16" else "fp32"
+        if isinstance(weight, torch.Tensor):
+            weight = weight.to(self.device)
+        return make_linear(weight, bias, mode, self.dtype)
+
+    def _load_layer(self, get, weights: dict, i: int) -> LayerWeights:
         p = f"model.layers.{i}."
         attn = [f"{p}self_attn.{x}_proj" for x in "qkv"]
         bias = None
         if self.arch.attention_bias:
             bias = torch.cat([get(f"{name}.bias") for name in attn])
+        mlp = [f"{p}mlp.gate_proj.weight", f"{p}mlp.up_proj.weight"]
         return LayerWeights(
             input_norm=get(f"{p}input_layernorm.weight"),
-            qkv=torch.cat([get(f"{name}.weight") for name in attn]),
-            qkv_bias=bias,
-            o=get(f"{p}self_attn.o_proj.weight"),
+            qkv=self._linear(cat_rows([_take(weights, f"{name}.weight") for name in attn]), bias),
+            o=self._linear(_take(weights, f"{p}self_attn.o_proj.weight")),
             post_norm=get(f"{p}post_attention_layernorm.weight"),
-            gate_up=torch.cat([get(f"{p}mlp.gate_proj.weight"), get(f"{p}mlp.up_proj.weight")]),
-            down=get(f"{p}mlp.down_proj.weight"),
+            gate_up=self._linear(cat_rows([_take(weights, name) for name in mlp])),
+            down=self._linear(_take(weights, f"{p}mlp.down_proj.weight")),
         )
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -83,25 +99,25 @@ class LlamaForCausalLM(CausalLM):
     def _layer(self, i: int, w: LayerWeights, x: torch.Tensor, cos, sin, ctx: ForwardContext) -> torch.Tensor:
         a = self.arch
         h = F.rms_norm(x, (a.hidden_size,), w.input_norm, a.rms_norm_eps)
-        qkv = linear(h, w.qkv, w.qkv_bias)  # [T, q_size + 2 * kv_size]
+        qkv = w.qkv(h)  # [T, q_size + 2 * kv_size]
         num_tokens = qkv.shape[0]
         qk = apply_rotary(qkv[:, : a.q_size + a.kv_size].view(num_tokens, -1, a.head_dim), cos, sin)
         q, k = qk[:, : a.num_heads], qk[:, a.num_heads :]
         v = qkv[:, a.q_size + a.kv_size :].view(num_tokens, a.num_kv_heads, a.head_dim)
         attn = ctx.backend.forward(q, k, v, ctx.k_cache[i], ctx.v_cache[i], ctx.meta, self.scale)
-        x = x + linear(attn, w.o)
+        x = x + w.o(attn)
         h = F.rms_norm(x, (a.hidden_size,), w.post_norm, a.rms_norm_eps)
-        gate, up = linear(h, w.gate_up).chunk(2, dim=-1)
-        return x + linear(F.silu(gate) * up, w.down)
+        gate, up = w.gate_up(h).chunk(2, dim=-1)
+        return x + w.down(F.silu(gate) * up)
 
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden]
         return F.rms_norm(hidden, (self.arch.hidden_size,), self.norm, self.arch.rms_norm_eps)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab]
-        return linear(self.final_norm(hidden), self.lm_head).float()
+        return self.lm_head(self.final_norm(hidden)).float()
 
 
-def _take(weights: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+def _take(weights: dict, name: str):
     if name not in weights:
         raise KeyError(f"checkpoint lacks tensor {name!r}")
     return weights[name]

@@ -16,8 +16,9 @@ _FAMILIES = {
 }
 
 
-def create_model(arch: ArchConfig, device: torch.device, dtype: torch.dtype) -> CausalLM:
+def create_model(arch: ArchConfig, device: torch.device, dtype: torch.dtype, weights: str = "fp32") -> CausalLM:
+    """`weights`: how Linear weights are held (`ModelConfig.weights`)."""
     if arch.family not in _FAMILIES:
         raise ValueError(f"model family {arch.family!r} is not supported; supported: {sorted(_FAMILIES)}")
     module_name, cls_name = _FAMILIES[arch.family].split(":")
-    return getattr(importlib.import_module(module_name), cls_name)(arch, device, dtype)
+    return getattr(importlib.import_module(module_name), cls_name)(arch, device, dtype, weights)

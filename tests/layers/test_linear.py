@@ -1,0 +1,128 @@
+"""Linear layers: every dense kernel computes F.linear; quantized layers are row-invariant."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from speculant.layers import autotune
+from speculant.layers.linear import DenseLinear, Int4Linear, Int8Linear, linear, make_linear
+from speculant.layers.quant import Int4Groups, Int8Rows, cat_rows, quantize_int4, quantize_int8
+
+ROWS = [1, 2, 5, 16, 17, 70]
+
+
+@pytest.mark.parametrize("kernel", autotune.available())
+@pytest.mark.parametrize("rows", ROWS)
+def test_dense_kernels_compute_f_linear(kernel, rows):
+    w, b, x = torch.randn(96, 64), torch.randn(96), torch.randn(rows, 64)
+    packed = autotune.pack(w, {"1": kernel})
+    for bias in (None, b):
+        out = autotune.run(kernel, x, w, packed, bias)
+        assert out.shape == (rows, 96) and out.is_contiguous()
+        torch.testing.assert_close(out, F.linear(x, w, bias), rtol=1e-5, atol=1e-5)
+
+
+def test_dense_linear_uses_the_forced_kernel_per_bucket(monkeypatch):
+    monkeypatch.setenv("SPECULANT_LINEAR_KERNEL", "onednn")
+    layer = DenseLinear(torch.randn(32, 64))
+    assert set(layer.kernels.values()) == {"onednn"} and layer.packed is not None
+    x = torch.randn(3, 64)
+    torch.testing.assert_close(layer(x), F.linear(x, layer.weight), rtol=1e-5, atol=1e-5)
+    monkeypatch.setenv("SPECULANT_LINEAR_KERNEL", "nope")
+    with pytest.raises(ValueError, match="SPECULANT_LINEAR_KERNEL"):
+        DenseLinear(torch.randn(32, 64))
+
+
+def test_measured_choices_are_cached_per_shape(monkeypatch, tmp_path):
+    monkeypatch.delenv("SPECULANT_LINEAR_KERNEL", raising=False)
+    monkeypatch.setenv("SPECULANT_CACHE", str(tmp_path))
+    monkeypatch.setattr(autotune, "_memo", {})
+    monkeypatch.setattr(autotune, "_MIN_TUNED_BYTES", 0)
+    calls = []
+    monkeypatch.setattr(autotune, "measure", lambda w: calls.append(w.shape) or dict.fromkeys(autotune.BUCKETS, "mm"))
+    w = torch.randn(48, 32)
+    assert autotune.kernels_for(w) == dict.fromkeys(autotune.BUCKETS, "mm")
+    autotune.kernels_for(w)
+    assert calls == [w.shape]  # measured once
+    saved = json.loads((tmp_path / "linear_kernels.json").read_text())
+    assert [k.split("|")[-1] for k in saved] == ["48x32"]
+
+
+def test_measure_picks_a_kernel_per_bucket():
+    choice = autotune.measure(torch.randn(64, 32), ["mm", "rowsplit"])
+    assert set(choice) == set(autotune.BUCKETS) and set(choice.values()) <= {"mm", "rowsplit"}
+
+
+def test_buckets():
+    assert [autotune.bucket(r) for r in (1, 2, 16, 17, 64, 65)] == ["1", "2-16", "2-16", "17-64", "17-64", "prefill"]
+
+
+def test_bf16_dense_weight_with_fp32_activations():
+    w, x = torch.randn(32, 64), torch.randn(3, 64)
+    layer = make_linear(w, None, "bf16", torch.float32)
+    assert layer.weight.dtype == torch.bfloat16
+    reference = F.linear(x, w.bfloat16().float())  # activations and output rounded to bf16 too
+    assert (layer(x) - reference).abs().max() <= 0.02 * reference.abs().max()
+
+
+def test_plain_function_equals_f_linear():
+    w, x = torch.randn(96, 64), torch.randn(1, 64)
+    torch.testing.assert_close(linear(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode,cls", [("int4", Int4Linear), ("int8", Int8Linear)])
+def test_quantized_layers_are_row_invariant(mode, cls):
+    """Row i of a T-row product is bit-identical to the 1-row product of row i: verifying k+1
+    tokens computes what k+1 decode steps would."""
+    layer = make_linear(torch.randn(160, 96), torch.randn(160), mode, torch.float32)
+    assert isinstance(layer, cls)
+    x = torch.randn(40, 96)
+    full = layer(x)
+    for rows in (1, 2, 5, 17, 40):
+        assert torch.equal(layer(x[:rows]), full[:rows])
+    assert all(torch.equal(layer(x[i : i + 1]), full[i : i + 1]) for i in range(40))
+
+
+@pytest.mark.parametrize("mode", ["int4", "int8"])
+def test_quantized_layers_approximate_the_float_product(mode):
+    w, x = torch.randn(64, 128) * 0.05, torch.randn(4, 128)
+    out = make_linear(w, None, mode, torch.float32)(x)
+    reference = F.linear(x, w)
+    tolerance = 0.15 if mode == "int4" else 0.03
+    assert (out - reference).abs().max() <= tolerance * reference.abs().max()
+
+
+def test_make_linear_keeps_or_converts_layouts():
+    w = torch.randn(32, 64)
+    assert isinstance(make_linear(quantize_int4(w), None, "auto", torch.float32), Int4Linear)
+    assert isinstance(make_linear(quantize_int8(w), None, "auto", torch.float32), Int8Linear)
+    assert isinstance(make_linear(w, None, "auto", torch.float32), DenseLinear)
+    assert isinstance(make_linear(quantize_int4(w), None, "int8", torch.float32), Int8Linear)
+    assert isinstance(make_linear(quantize_int8(w), None, "int4", torch.float32), Int4Linear)
+    dense = make_linear(quantize_int4(w), None, "fp32", torch.float32)
+    assert isinstance(dense, DenseLinear) and dense.weight.dtype == torch.float32
+    # The int4 packer needs out % 16 == 0; other shapes fall back to int8 rows.
+    assert isinstance(make_linear(torch.randn(24, 64), None, "int4", torch.float32), Int8Linear)
+
+
+def test_quantizers_round_to_within_half_a_step():
+    w = torch.randn(16, 64)
+    q4 = quantize_int4(w)
+    step = q4.scale.repeat_interleave(32, dim=1)
+    assert ((q4.dequantize() - w).abs() <= step / 2 + 1e-6).all()
+    q8 = quantize_int8(w)
+    assert ((q8.dequantize() - w).abs() <= q8.scale[:, None] / 2 + 1e-6).all()
+
+
+def test_cat_rows_concatenates_along_outputs():
+    a, b = torch.randn(16, 64), torch.randn(32, 64)
+    fused = cat_rows([quantize_int4(a), quantize_int4(b)])
+    assert isinstance(fused, Int4Groups) and fused.shape == (48, 64)
+    torch.testing.assert_close(fused.dequantize(), torch.cat([quantize_int4(a).dequantize(), quantize_int4(b).dequantize()]))
+    mixed = cat_rows([quantize_int4(a), quantize_int8(b)])
+    assert isinstance(mixed, Int8Rows) and mixed.shape == (48, 64)
+    assert torch.equal(cat_rows([a, b]), torch.cat([a, b]))
