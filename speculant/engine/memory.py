@@ -111,7 +111,7 @@ def kv_bytes_per_page(runners: list[ModelRunner], page_size: int) -> int:
 def tensor_bytes(obj: object) -> int:
     """Bytes of the distinct tensor storages reachable from `obj`'s attributes (a tied lm_head
     and its embedding count once)."""
-    seen: dict[int, int] = {}
+    seen: dict[int, int] = {}  # storage address (or -id of an opaque tensor) -> bytes
     _collect(obj, seen, set())
     return sum(seen.values())
 
@@ -121,6 +121,9 @@ def _collect(obj: object, seen: dict[int, int], visited: set[int]) -> None:
         return
     visited.add(id(obj))
     if isinstance(obj, torch.Tensor):
+        if obj.is_mkldnn:  # a weight pre-packed for oneDNN: opaque storage of the same size
+            seen[-id(obj)] = obj.numel() * obj.element_size()
+            return
         storage = obj.untyped_storage()
         seen[storage.data_ptr()] = storage.nbytes()
     elif isinstance(obj, (list, tuple)):
