@@ -9,6 +9,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -120,6 +122,27 @@ def tiny_folder(tmp_path_factory, tiny_model, smol_tokenizer):
     return folder
 
 
+@contextmanager
+def serve_process(tiny_folder, *args: str) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`speculant serve` on the tiny model in its own process: (url, process); killed if still up."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SERVE_SCRIPT, str(tiny_folder), str(port), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_healthy(url, proc)
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 90.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -141,17 +164,7 @@ def _healthy(url: str) -> bool:
 
 
 def test_sigterm_drains_and_exits_cleanly(tiny_folder):
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", SERVE_SCRIPT, str(tiny_folder), str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    try:
-        _wait_healthy(url, proc)
+    with serve_process(tiny_folder) as (url, proc):
         reader = StreamReader(url, LONG)
         reader.start()
         assert reader.started.wait(30)
@@ -161,27 +174,13 @@ def test_sigterm_drains_and_exits_cleanly(tiny_folder):
         output, _ = proc.communicate(timeout=30)
         assert proc.returncode == 0, output
         assert "server exited" in output
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
 
 
 @pytest.mark.parametrize("second", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_second_signal_cuts_the_drain_short_and_every_stream_still_ends(tiny_folder, second):
     """Two signals during ten long streams: each stream ends with an `abort` finish and
     `[DONE]`, the process exits 0."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", SERVE_SCRIPT, str(tiny_folder), str(port), "60"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    try:
-        _wait_healthy(url, proc)
+    with serve_process(tiny_folder, "60") as (url, proc):
         readers = [StreamReader(url, LONG) for _ in range(10)]
         for reader in readers:
             reader.start()
@@ -198,23 +197,11 @@ def test_a_second_signal_cuts_the_drain_short_and_every_stream_still_ends(tiny_f
         output, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, output
         assert "server exited" in output and "terminate called" not in output
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
 
 
 def test_signals_that_keep_coming_until_the_process_exits_still_give_exit_0(tiny_folder):
     """A signal can land anywhere in the exit, even after the drain, during interpreter shutdown."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-c", SERVE_SCRIPT, str(tiny_folder), str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        _wait_healthy(f"http://127.0.0.1:{port}", proc)
+    with serve_process(tiny_folder) as (url, proc):
         deadline = time.monotonic() + 60
         while proc.poll() is None:
             assert time.monotonic() < deadline, "the server does not exit"
@@ -223,7 +210,3 @@ def test_signals_that_keep_coming_until_the_process_exits_still_give_exit_0(tiny
         output, _ = proc.communicate(timeout=30)
         assert proc.returncode == 0, output
         assert "server exited" in output and "Traceback" not in output
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
