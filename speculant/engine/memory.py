@@ -49,6 +49,10 @@ class MemoryPlan:
     # Each model's attention backend workspace for the largest step, summed: FlashInfer keeps
     # one per backend; the torch reference's are transient, so the sum overcounts by the smaller.
     attention: int
+    # oneDNN's inner product on a pre-packed weight takes a transient workspace of up to that
+    # weight's size per call (measured: ~30 MiB more peak with a 32 MiB packed head): the largest
+    # packed weight of any model (forwards run one at a time); 0 when no layer uses oneDNN.
+    kernel_workspace: int = 0
     num_pages: int = dataclasses.field(default=0, metadata={"bytes": False})  # KV pages (a count)
 
     @property
@@ -100,6 +104,7 @@ def plan_memory(config: EngineConfig, target: ModelRunner, drafts: list[ModelRun
         sampling=SAMPLING_ROWS * rows * vocab * FP32,
         activations=max(activation_bytes(r, tokens) for r in runners),
         attention=sum(_largest_step_attention(r, config, k) for r in runners),
+        kernel_workspace=max(largest_packed_bytes(r.model) for r in runners),
         num_pages=num_pages,
     )
 
@@ -114,6 +119,13 @@ def tensor_bytes(obj: object) -> int:
     seen: dict[int, int] = {}  # storage address (or -id of an opaque tensor) -> bytes
     _collect(obj, seen, set())
     return sum(seen.values())
+
+
+def largest_packed_bytes(obj: object) -> int:
+    """The largest weight pre-packed for oneDNN reachable from `obj`'s attributes (0 if none)."""
+    seen: dict[int, int] = {}
+    _collect(obj, seen, set())
+    return max((nbytes for key, nbytes in seen.items() if key < 0), default=0)
 
 
 def _collect(obj: object, seen: dict[int, int], visited: set[int]) -> None:

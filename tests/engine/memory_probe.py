@@ -27,7 +27,7 @@ from speculant.engine.engine import Engine
 from speculant.sampling.params import SamplingParams
 
 BATCH, K, PAGE = 16, 4, 16
-BUDGET = 320 << 20
+BUDGET = 360 << 20
 TARGET = dict(vocab_size=32000, hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
 DRAFT = dict(TARGET, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_key_value_heads=1)
