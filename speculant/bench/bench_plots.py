@@ -46,7 +46,7 @@ def _acceptance_by_position(ax, rows: list[dict]) -> None:
     for r in rows:
         if r["category"] == ALL and r.get("acceptance_by_position"):
             acc = r["acceptance_by_position"]
-            tau = f", τ={r['tau']:.2f}"
+            tau = f", τ={r['tau']:.2f}" if r["tau"] else ""
             ax.plot(range(1, len(acc) + 1), acc, marker="o", label=f"{r['method']} batch {r['batch']}{tau}")
     ax.set_xlabel("draft position")
     ax.set_ylabel("acceptance rate")
@@ -57,7 +57,8 @@ def _acceptance_by_position(ax, rows: list[dict]) -> None:
 def _throughput_vs_batch(ax, rows: list[dict]) -> None:
     for m in sorted({r["method"] for r in rows}):
         sel = sorted((r for r in rows if r["method"] == m and r["category"] == ALL), key=lambda r: r["batch"])
-        ax.plot([r["batch"] for r in sel], [r["throughput_tok_s"] for r in sel], marker="o", label=m)
+        if sel and "throughput_tok_s" in sel[0]:
+            ax.plot([r["batch"] for r in sel], [r["throughput_tok_s"] for r in sel], marker="o", label=m)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch size")
     ax.set_ylabel("output tokens/s (all requests)")

@@ -71,11 +71,12 @@ def run_bench(base: EngineConfig, opts: BenchOptions, checkpoint=None, draft_che
     params = SamplingParams(max_tokens=opts.max_tokens, temperature=opts.temperature, seed=opts.seed if opts.temperature > 0 else None)
     start = time.perf_counter()
     runs = run_suite(llms, items, list(opts.batch_sizes), params, progress=opts.progress)
-    rows = summarize(runs, greedy=opts.temperature == 0)
     if opts.peers:
         from speculant.bench.peers import run_peers
 
-        rows += run_peers(checkpoint, items, opts, rows)
+        runs += run_peers(checkpoint, items, opts.max_tokens, opts.temperature,
+                          base.speculative.num_draft_tokens, draft_checkpoint, opts.progress)
+    rows = summarize(runs, greedy=opts.temperature == 0)
     setup = {
         "model": base.model.model, "draft_model": base.speculative.draft.model, "dataset": str(path),
         "items": len(items), "methods": list(opts.methods), "batch_sizes": list(opts.batch_sizes),
@@ -94,5 +95,5 @@ def _write_outputs(out: pathlib.Path, setup: dict, rows: list[dict]) -> None:
 
     write_json(out / "bench.json", setup, rows)
     title = f"{setup['model']}, {setup['items']} items from {pathlib.Path(setup['dataset']).name}, {setup['max_tokens']} tokens"
-    for p in write_plots([r for r in rows if r["method"] in setup["methods"]], out, title):
+    for p in write_plots(rows, out, title):
         print(f"wrote {p}", file=sys.stderr)

@@ -48,7 +48,7 @@ def _row(run: MethodRun, category: str, items: list[ItemRun]) -> dict:
     row = {
         "method": run.method, "batch": run.batch_size, "category": category, "requests": len(items),
         "output_tokens": tokens, "tok_s": tokens / latency if latency else 0.0, "speedup": None,
-        "tau": tokens / forwards if forwards else 0.0,
+        "tau": tokens / forwards if forwards else None,  # None: not observable (peers)
         "acceptance": sum(i.accepted_tokens for i in items) / drafted if drafted else None,
         "same_tokens": None,
     }

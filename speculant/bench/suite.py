@@ -117,15 +117,21 @@ def _finish(r: ItemRun, out, latency_s: float) -> None:
     r.accepted_tokens += out.stats.accepted_tokens
 
 
-def _turn_prompt(llm: LLM, item: Conversation, answers: list[list[int]], turn: int) -> str | list[int]:
-    if not item.chat or not getattr(llm.tokenizer, "chat_template", None):
-        return item.turns[turn]
+def _turn_prompt(llm: LLM, item: Conversation, answers: list[list[int]], turn: int) -> list[int]:
+    return turn_messages(llm.tokenizer, item, answers, turn)
+
+
+def turn_messages(tokenizer, item: Conversation, answers: list[list[int]], turn: int) -> list[int]:
+    """Token ids of an item's turn: the user turns so far with the model's earlier answers, in the
+    chat template (raw text for completion items or a tokenizer without a template)."""
+    if not item.chat or not getattr(tokenizer, "chat_template", None):
+        return tokenizer.encode(item.turns[turn])
     messages = []
     for i in range(turn + 1):
         messages.append({"role": "user", "content": item.turns[i]})
         if i < turn:
-            messages.append({"role": "assistant", "content": llm.tokenizer.decode(answers[i], skip_special_tokens=True)})
-    return chat_prompt_ids(llm.tokenizer, messages)
+            messages.append({"role": "assistant", "content": tokenizer.decode(answers[i], skip_special_tokens=True)})
+    return chat_prompt_ids(tokenizer, messages)
 
 
 def _sub(now: list[int], before: list[int]) -> list[int]:
