@@ -39,7 +39,7 @@ def _speedup_by_category(ax, rows: list[dict]) -> None:
     ax.axhline(1.0, color="grey", lw=1)
     ax.set_xticks(range(len(categories)), categories, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel(f"speedup over none (batch {batch})")
-    ax.legend(fontsize=8)
+    _legend(ax)
 
 
 def _acceptance_by_position(ax, rows: list[dict]) -> None:
@@ -51,7 +51,7 @@ def _acceptance_by_position(ax, rows: list[dict]) -> None:
     ax.set_xlabel("draft position")
     ax.set_ylabel("acceptance rate")
     ax.set_ylim(0, 1)
-    ax.legend(fontsize=8)
+    _legend(ax)
 
 
 def _throughput_vs_batch(ax, rows: list[dict]) -> None:
@@ -62,4 +62,9 @@ def _throughput_vs_batch(ax, rows: list[dict]) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch size")
     ax.set_ylabel("output tokens/s (all requests)")
-    ax.legend(fontsize=8)
+    _legend(ax)
+
+
+def _legend(ax) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)

@@ -53,8 +53,8 @@ def test_every_method_batch_and_category_is_reported(tmp_path, tiny_checkpoint, 
         assert r["output_tokens"] > 0 and r["tok_s"] > 0 and r["ttft_p50_ms"] is not None
         if r["method"] != "none":  # greedy: speculation emits exactly the plain tokens
             assert r["same_tokens"] is True, r
-            assert r["acceptance"] is not None
-    # the draft model is the target itself: every draft is accepted
+        if r["method"] == "draft":
+            assert r["acceptance"] == 1.0  # the draft model is the target itself
     draft_all = [r for r in rows if r["method"] == "draft" and r["category"] == "all"]
     assert all(r["acceptance_by_position"] == [1.0] * 3 for r in draft_all)
     for name in ("speedup_by_category", "acceptance_by_position", "throughput_vs_batch"):
