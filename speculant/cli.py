@@ -91,6 +91,8 @@ def _server_args(p: argparse.ArgumentParser) -> None:
 def _bench(args: argparse.Namespace) -> int:
     from speculant.bench.command import BenchOptions, run_bench
 
+    if args.speculative is not None:
+        raise ValueError("--speculative: bench runs every method of --methods; list them there")
     opts = BenchOptions(
         methods=args.methods, dataset=args.dataset, num_prompts=args.num_prompts, max_tokens=args.max_tokens,
         batch_sizes=args.batch_sizes, temperature=args.temperature, seed=args.request_seed,

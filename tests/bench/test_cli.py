@@ -35,3 +35,8 @@ def test_missing_dataset_is_one_clear_line(tmp_path, capsys):
     assert main(["bench", "--dataset", str(tmp_path / "nope.jsonl")]) == 2
     err = capsys.readouterr().err
     assert "nope.jsonl does not exist" in err and "Traceback" not in err
+
+
+def test_speculative_flag_points_to_methods(capsys):
+    assert main(["bench", "--speculative", "ngram"]) == 2
+    assert "--methods" in capsys.readouterr().err
