@@ -1,4 +1,4 @@
-"""`speculant generate|serve|fetch`: the command line."""
+"""`speculant generate|serve|bench|fetch`: the command line."""
 
 from __future__ import annotations
 
@@ -88,6 +88,50 @@ def _server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM/SIGINT")
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from speculant.bench.command import BenchOptions, run_bench
+
+    if args.speculative is not None:
+        raise ValueError("--speculative: bench runs every method of --methods; list them there")
+    opts = BenchOptions(
+        methods=args.methods, dataset=args.dataset, num_prompts=args.num_prompts, max_tokens=args.max_tokens,
+        batch_sizes=args.batch_sizes, temperature=args.temperature, seed=args.request_seed,
+        output=args.output, peers=args.peers, progress=not args.no_progress,
+    )
+    result = run_bench(engine_config(args), opts)
+    print(result["table"])
+    print(f"[{result['setup']['items']} items, wall {result['setup']['wall_s']:.0f} s]", file=sys.stderr)
+    return 0
+
+
+def _bench_args(p: argparse.ArgumentParser) -> None:
+    from speculant.bench.command import parse_batch_sizes, parse_methods
+
+    p.add_argument("--dataset", default=None, help="JSONL: MT-bench/Spec-Bench turns, {\"prompt\": ...} or HumanEval (.jsonl.gz too); default: MT-bench under $SPECULANT_DATA or ../shared/data")
+    p.add_argument("--methods", type=_checked(parse_methods), default=("none", "ngram"), help="comma-separated speculation methods (none always runs, as the reference)")
+    p.add_argument("--num-prompts", type=int, default=20, help="items, taken round-robin over categories")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--batch-sizes", type=_checked(parse_batch_sizes), default=(1, 16), help="comma-separated, e.g. 1,16")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--request-seed", type=int, default=0, help="sampling seed of each request when temperature > 0")
+    p.add_argument("--output", default=None, help="folder for bench.json and the PNG plots")
+    p.add_argument("--peers", action="store_true", help="also time transformers generate and prompt lookup on the same weights (batch 1)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _checked(parse):
+    """An argparse type from a parser raising ValueError (argparse then prints its message)."""
+
+    def convert(text: str):
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    convert.__name__ = parse.__name__
+    return convert
+
+
 def _fetch(args: argparse.Namespace) -> int:
     from speculant.loader import resolve_model_path
 
@@ -117,6 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_arguments(serve)
     _server_args(serve)
     serve.set_defaults(func=_serve)
+    bench = sub.add_parser("bench", help="every speculation method on the same prompts: speed, acceptance, latency")
+    add_engine_arguments(bench)
+    _bench_args(bench)
+    bench.set_defaults(func=_bench)
     fetch = sub.add_parser("fetch", help="download named models into the cache")
     fetch.add_argument("names", nargs="+")
     fetch.set_defaults(func=_fetch)

@@ -1,0 +1,143 @@
+"""`speculant bench`: every method on the same prompts, interleaved batch by batch.
+
+For each batch size the items are cut into batches; each batch runs under every method in turn
+(so machine noise hits all methods alike). A multi-turn item feeds each user turn after the
+model's own answer to the previous one, in the chat template. Per request the run records the
+time to first token and the gap before every later token (a step that emits n tokens at once
+counts n gaps of 1/n of its time each).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from tqdm import tqdm
+
+from speculant.bench.datasets import Conversation
+from speculant.llm import LLM, chat_prompt_ids
+from speculant.sampling.params import SamplingParams
+
+
+@dataclass
+class ItemRun:
+    """One item under one method at one batch size: all its turns."""
+
+    item: Conversation
+    token_ids: list[list[int]] = field(default_factory=list)  # [turn][n] generated tokens
+    latency_s: float = 0.0  # summed over turns: submit to finish
+    ttft_s: list[float] = field(default_factory=list)  # [turn]
+    itl_s: list[float] = field(default_factory=list)  # gap before each token after a turn's first
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    target_forwards: int = 0  # steps that emitted tokens for this item (approximates its forwards)
+
+
+@dataclass
+class MethodRun:
+    """Everything one method did at one batch size."""
+
+    method: str
+    batch_size: int
+    items: list[ItemRun] = field(default_factory=list)
+    wall_s: float = 0.0
+    accepted_by_position: list[int] = field(default_factory=list)
+    proposed_by_position: list[int] = field(default_factory=list)
+
+
+def run_suite(
+    llms: dict[str, LLM],
+    items: list[Conversation],
+    batch_sizes: list[int],
+    params: SamplingParams,
+    progress: bool = True,
+) -> list[MethodRun]:
+    """Run every method (name -> LLM) over the items at every batch size."""
+    for llm in llms.values():  # warm-up: first-call costs stay out of the measured runs
+        llm.generate([_turn_prompt(llm, items[0], [], 0)], SamplingParams(max_tokens=4, temperature=0))
+    runs = {(m, b): MethodRun(m, b) for b in batch_sizes for m in llms}
+    total = sum(len(items) for _ in batch_sizes) * len(llms)
+    with tqdm(total=total, desc="bench", unit="item", disable=not progress) as bar:
+        for b in batch_sizes:
+            for start in range(0, len(items), b):
+                batch = items[start : start + b]
+                for method, llm in llms.items():
+                    _run_batch(llm, batch, params, runs[method, b])
+                    bar.update(len(batch))
+    return list(runs.values())
+
+
+def _run_batch(llm: LLM, batch: list[Conversation], params: SamplingParams, run: MethodRun) -> None:
+    spec = llm.engine.stats.spec_stats
+    acc0, prop0 = list(spec.accepted_by_position), list(spec.proposed_by_position)
+    done = [ItemRun(item) for item in batch]
+    start = time.perf_counter()
+    for turn in range(max(len(item.turns) for item in batch)):
+        live = [r for r in done if turn < len(r.item.turns)]
+        _run_turn(llm, live, turn, params)
+    run.wall_s += time.perf_counter() - start
+    run.items += done
+    run.accepted_by_position = _add(run.accepted_by_position, _sub(spec.accepted_by_position, acc0))
+    run.proposed_by_position = _add(run.proposed_by_position, _sub(spec.proposed_by_position, prop0))
+
+
+def _run_turn(llm: LLM, live: list[ItemRun], turn: int, params: SamplingParams) -> None:
+    """One turn of every live item, submitted together, stepped until all finish."""
+    engine = llm.engine
+    t0 = time.perf_counter()
+    pending = {engine.add_request(_turn_prompt(llm, r.item, r.token_ids, turn), params).request_id: r for r in live}
+    last: dict[str, float] = {}  # request id -> time of its latest tokens
+    while pending:
+        outs = engine.step()
+        now = time.perf_counter()
+        for out in outs:
+            r = pending.get(out.request_id)
+            if r is None:
+                continue
+            n = len(out.new_token_ids)
+            if n and out.request_id not in last:
+                r.ttft_s.append(now - t0)
+                r.itl_s += [0.0] * (n - 1)  # tokens that came with the first one
+            elif n:
+                r.itl_s += [(now - last[out.request_id]) / n] * n
+            if n:
+                r.target_forwards += 1
+                last[out.request_id] = now
+            if out.finished:
+                _finish(r, out, now - t0)
+                del pending[out.request_id]
+
+
+def _finish(r: ItemRun, out, latency_s: float) -> None:
+    if out.error:
+        raise RuntimeError(f"item {r.item.id}: request failed: {out.error}")
+    r.latency_s += latency_s
+    r.token_ids.append(list(out.token_ids))
+    r.draft_tokens += out.stats.draft_tokens
+    r.accepted_tokens += out.stats.accepted_tokens
+
+
+def _turn_prompt(llm: LLM, item: Conversation, answers: list[list[int]], turn: int) -> list[int]:
+    return turn_messages(llm.tokenizer, item, answers, turn)
+
+
+def turn_messages(tokenizer, item: Conversation, answers: list[list[int]], turn: int) -> list[int]:
+    """Token ids of an item's turn: the user turns so far with the model's earlier answers, in the
+    chat template (raw text for completion items or a tokenizer without a template)."""
+    if not item.chat or not getattr(tokenizer, "chat_template", None):
+        return tokenizer.encode(item.turns[turn])
+    messages = []
+    for i in range(turn + 1):
+        messages.append({"role": "user", "content": item.turns[i]})
+        if i < turn:
+            messages.append({"role": "assistant", "content": tokenizer.decode(answers[i], skip_special_tokens=True)})
+    return chat_prompt_ids(tokenizer, messages)
+
+
+def _sub(now: list[int], before: list[int]) -> list[int]:
+    return [n - (before[i] if i < len(before) else 0) for i, n in enumerate(now)]
+
+
+def _add(a: list[int], b: list[int]) -> list[int]:
+    n = max(len(a), len(b))
+    return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n)]

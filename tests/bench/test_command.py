@@ -1,0 +1,95 @@
+"""`speculant bench` end to end on a tiny model with a real tokenizer, for each dataset layout."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+from testkit import TinyCheckpoint
+
+from speculant.bench.command import BenchOptions, run_bench
+from speculant.config_options import build_engine_config
+
+BASE = {"model": "tiny", "page_size": 4, "num_pages": 512, "num_draft_tokens": 3}
+
+
+def _mt_bench(tmp_path):
+    rows = [
+        {"question_id": 1, "category": "writing", "turns": ["Write one line about the sea.", "Now say it again, shorter."]},
+        {"question_id": 2, "category": "math", "turns": ["What is 2 + 2? Repeat: 2 + 2 = 4, 2 + 2 = 4."]},
+        {"question_id": 3, "category": "writing", "turns": ["List three colours."]},
+    ]
+    path = tmp_path / "question.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path, {"writing", "math"}
+
+
+def _plain(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(json.dumps({"prompt": "a b c a b c a b"}) + "\n" + json.dumps({"prompt": "Hello there"}) + "\n")
+    return path, {"default"}
+
+
+def _humaneval(tmp_path):
+    path = tmp_path / "HumanEval.jsonl.gz"
+    with gzip.open(path, "wt") as f:
+        for i in range(2):
+            f.write(json.dumps({"task_id": f"HumanEval/{i}", "prompt": f"def f{i}(x):\n    return x + x + x\n"}) + "\n")
+    return path, {"code"}
+
+
+@pytest.mark.parametrize("make", [_mt_bench, _plain, _humaneval])
+def test_every_method_batch_and_category_is_reported(tmp_path, tiny_checkpoint, tiny_model, make):
+    dataset, categories = make(tmp_path)
+    base = build_engine_config({**BASE, "draft_model": "tiny-draft"})
+    opts = BenchOptions(methods=("none", "ngram", "draft"), dataset=str(dataset), num_prompts=None, max_tokens=10,
+                        batch_sizes=(1, 2), output=str(tmp_path / "out"), progress=False)
+    result = run_bench(base, opts, checkpoint=tiny_checkpoint, draft_checkpoint=TinyCheckpoint(tiny_model))
+    rows = json.loads((tmp_path / "out" / "bench.json").read_text())["rows"]
+    keys = {(r["method"], r["batch"], r["category"]) for r in rows}
+    assert keys == {(m, b, c) for m in opts.methods for b in (1, 2) for c in categories | {"all"}}
+    for r in rows:
+        assert r["output_tokens"] > 0 and r["tok_s"] > 0 and r["ttft_p50_ms"] is not None
+        if r["method"] != "none":  # greedy: speculation emits exactly the plain tokens
+            assert r["same_tokens"] is True, r
+        if r["method"] == "draft":
+            assert r["acceptance"] == 1.0  # the draft model is the target itself
+    draft_all = [r for r in rows if r["method"] == "draft" and r["category"] == "all"]
+    assert all(r["acceptance_by_position"] == [1.0] * 3 for r in draft_all)
+    for name in ("speedup_by_category", "acceptance_by_position", "throughput_vs_batch"):
+        assert (tmp_path / "out" / f"{name}.png").stat().st_size > 1000
+    assert result["table"].startswith("| method | batch | category |")
+    assert len(result["table"].splitlines()) == len(rows) + 2
+
+
+def test_multi_turn_feeds_the_previous_answer(tmp_path, tiny_checkpoint):
+    from speculant.bench.datasets import load_dataset
+    from speculant.bench.suite import turn_messages
+
+    (item, *_) = load_dataset(_mt_bench(tmp_path)[0])
+    tok = tiny_checkpoint.tokenizer
+    answer = tok.encode("The sea is wide.", add_special_tokens=False)
+    text = tok.decode(turn_messages(tok, item, [answer], 1))
+    assert text.index(item.turns[0]) < text.index("The sea is wide.") < text.index(item.turns[1])
+
+
+def test_sampled_runs_report_no_token_equality(tmp_path, tiny_checkpoint):
+    dataset, _ = _plain(tmp_path)
+    opts = BenchOptions(methods=("none", "ngram"), dataset=str(dataset), max_tokens=6, batch_sizes=(1,),
+                        temperature=0.8, progress=False)
+    result = run_bench(build_engine_config(BASE), opts, checkpoint=tiny_checkpoint)
+    assert all(r["same_tokens"] is None for r in result["rows"])
+
+
+def test_peers_run_on_the_same_weights(tmp_path, tiny_checkpoint):
+    dataset, _ = _plain(tmp_path)
+    opts = BenchOptions(methods=("none",), dataset=str(dataset), max_tokens=6, batch_sizes=(1,),
+                        peers=True, output=str(tmp_path / "out"), progress=False)
+    rows = run_bench(build_engine_config(BASE), opts, checkpoint=tiny_checkpoint)["rows"]
+    peers = {r["method"] for r in rows} - {"none"}
+    assert peers == {"hf-generate", "hf-prompt-lookup"}
+    for r in rows:
+        assert r["output_tokens"] > 0 and r["speedup"] is not None
+        if r["method"] != "none":
+            assert isinstance(r["same_tokens"], bool) and r["tau"] is None
