@@ -20,7 +20,7 @@ class _Counts:
 
 
 class AcceptanceTracker:
-    def __init__(self, prior_accept: float = 1.0, prior_reject: float = 0.25, decay: float = 0.95, idle_decay: float = 0.8) -> None:
+    def __init__(self, prior_accept: float = 0.8, prior_reject: float = 0.2, decay: float = 0.95, idle_decay: float = 0.99) -> None:
         self.prior_accept, self.prior_reject = prior_accept, prior_reject
         self.decay, self.idle_decay = decay, idle_decay
         self._counts: dict[str, _Counts] = {}

@@ -24,11 +24,11 @@ def features(ks: Sequence[int], context_tokens: int) -> np.ndarray:
 
 
 class StepCostModel:
-    def __init__(self, prior: Sequence[float] = PRIOR, prior_weight: float = 1.0, forget: float = 0.995) -> None:
+    def __init__(self, prior: Sequence[float] = PRIOR, noise_s: float = 1e-3, forget: float = 0.98) -> None:
         self.theta = np.array(prior, dtype=float)  # [3] a, b, c
-        scale = np.maximum(np.abs(self.theta), 1e-3)
-        self.P = np.diag((scale / prior_weight) ** 2)  # [3, 3] covariance of theta (seconds^2 units)
-        self._P_max = self.P.copy() * 1e3  # bound on P: no wind-up while the regressors do not vary
+        scale = np.maximum(np.abs(self.theta), 1e-3)  # prior std of each coefficient
+        self.P = np.diag((scale / noise_s) ** 2)  # [3, 3] covariance of theta over the timing noise
+        self._P_trace_max = float(np.trace(self.P)) * 1e3  # no wind-up while the regressors do not vary
         self.forget = forget
         self.num_updates = 0
 
@@ -43,7 +43,9 @@ class StepCostModel:
         gain = Px / (self.forget + x @ Px)
         self.theta = self.theta + gain * (seconds - x @ self.theta)
         self.P = (self.P - np.outer(gain, Px)) / self.forget
-        self.P = np.minimum(self.P, self._P_max) if np.any(np.diag(self.P) > np.diag(self._P_max)) else self.P
+        trace = float(np.trace(self.P))
+        if trace > self._P_trace_max:
+            self.P *= self._P_trace_max / trace
         self.num_updates += 1
 
     def fit(self, samples: Sequence[tuple[Sequence[int], int, float]]) -> None:
