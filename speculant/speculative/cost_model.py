@@ -34,7 +34,8 @@ class StepCostModel:
 
     def predict(self, ks: Sequence[int], context_tokens: int) -> float:
         """Seconds for the target's part of a decode step (never below a microsecond)."""
-        return max(1e-6, float(features(ks, context_tokens) @ self.theta))
+        theta = np.concatenate([self.theta[:1], np.maximum(self.theta[1:], 0.0)])  # more tokens never cost less
+        return max(1e-6, float(features(ks, context_tokens) @ theta))
 
     def update(self, ks: Sequence[int], context_tokens: int, seconds: float) -> None:
         """One recursive-least-squares step towards a measured step time."""

@@ -14,6 +14,7 @@ drawn from the last draft position's distribution) must fail far below ALPHA.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -87,11 +88,11 @@ def first_acceptance_rates(models, params: SamplingParams, draft_sampling: str, 
     return torch.minimum(p, q).sum(-1)
 
 
-def sample_spec(models, params: SamplingParams, draft_sampling: str) -> SpecRun:
+def sample_spec(models, params: SamplingParams, draft_sampling: str, **llm_options) -> SpecRun:
     target, draft = models
     llm = tiny_llm(
         target, draft, num_draft_tokens=NUM_DRAFTS, draft_sampling=draft_sampling, seed=11,
-        num_pages=4096, max_num_seqs=1024, max_num_batched_tokens=8192,
+        num_pages=4096, max_num_seqs=1024, max_num_batched_tokens=8192, **llm_options,
     )
     engine, requests, run = llm.engine, [], SpecRun(torch.empty(0))
     while len(requests) < NUM_SAMPLES or engine.has_unfinished():
@@ -130,8 +131,8 @@ def bonus_pvalue(target, params: SamplingParams, bonuses: list[tuple[tuple[int, 
     return chi_square_pvalue(before * VOCAB + torch.tensor([b for _, b in bonuses]), expected.reshape(-1))
 
 
-def p_values(models, params: SamplingParams, draft_sampling: str) -> dict[str, float]:
-    run = sample_spec(models, params, draft_sampling)
+def p_values(models, params: SamplingParams, draft_sampling: str, **llm_options) -> dict[str, float]:
+    run = sample_spec(models, params, draft_sampling, **llm_options)
     x = run.tokens
     pairs = [x[:, 0] * VOCAB + x[:, 1], x[:, 1] * VOCAB + x[:, 2], x[:, 2] * VOCAB + x[:, 3]]
     out = {f"x{i + 1}x{i + 2}": chi_square_pvalue(c, j) for i, (c, j) in enumerate(zip(pairs, exact_joints(models[0], params)))}
@@ -169,6 +170,15 @@ def _case(models, name: str) -> tuple[tuple, SamplingParams, str]:
 @pytest.mark.parametrize("case", list(CASES))
 def test_speculative_sampling_matches_target(models, case):
     out = p_values(*_case(models, case))
+    z = out.pop("first_acceptance_z")
+    assert min(out.values()) > ALPHA and abs(z) < MAX_Z, (out, z)
+
+
+def test_speculative_sampling_matches_target_with_adaptive_k(models):
+    """k chosen per request and step from past outcomes and timings keeps the target's law."""
+    pair, params, draft_sampling = _case(models, "t0.7-topk-topp-greedy-self-draft")
+    params = dataclasses.replace(params, max_tokens=NUM_DRAFTS + 3)  # room for a full chain after a plain step
+    out = p_values(pair, params, draft_sampling, adaptive_k=True)
     z = out.pop("first_acceptance_z")
     assert min(out.values()) > ALPHA and abs(z) < MAX_Z, (out, z)
 
