@@ -3,9 +3,9 @@
     t(step) = a + b * (tokens verified in the batch, sum of k_b + 1) + c * (context tokens / 1000)
               + draft cost (the proposer's own measured seconds per draft forward x forwards)
 
-The target part is fitted by recursive least squares with slow forgetting, starting from a
-prior (a few milliseconds, a verified token costing a tenth of a step) whose weight the first
-measured steps quickly outweigh; the draft part is a moving average the proposer measures
+The target part is fitted by recursive least squares forgetting old steps (factor 0.98: about
+the last 50 decode steps count), starting from a prior (10 ms a step, a verified token costing a
+tenth of that) that the first measured steps quickly outweigh; the draft part is a moving average the proposer measures
 around its own draft forwards. Pure arithmetic: no engine, no torch.
 """
 
