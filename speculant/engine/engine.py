@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import time
 
 import torch
 
@@ -153,13 +154,18 @@ class Engine:
         batch, failed = self._without_failed_rows(self.scheduler.schedule())
         if not batch.seqs:
             return failed
+        start = time.perf_counter()
         with self.stats.timed_step(batch):
-            if self.proposer.speculates(batch):
+            speculative = self.proposer.speculates(batch)  # fixes each request's k (all 0: a plain step)
+            self.stats.record_ks(self.proposer.chosen_ks())
+            if speculative:
                 proposal = self.executor.drive(self.proposer.propose(batch))
                 step_out, result = self._verify_and_accept(batch, proposal)
             else:
                 step_out, result = self._forward_and_sample(batch)
-            return failed + self._commit(batch, step_out, result)
+            outputs = failed + self._commit(batch, step_out, result)
+        self.proposer.observe(result, time.perf_counter() - start)
+        return outputs
 
     def _without_failed_rows(self, batch: Batch) -> tuple[Batch, list[RequestOutput]]:
         """The batch minus requests whose sampling rows fail to build; those finish with an error."""

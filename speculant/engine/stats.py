@@ -21,6 +21,7 @@ class EngineStats:
     preemptions: int = 0
     busy_s: float = 0.0  # time spent inside steps
     ttft_s: list[float] = field(default_factory=list)
+    chosen_k: Counter = field(default_factory=Counter)  # k -> requests given that k on a decode step
 
     @contextmanager
     def timed_step(self, batch: Batch):
@@ -35,6 +36,10 @@ class EngineStats:
         self.generated_tokens += n
         self.spec_stats.target_forwards += 1
         self.spec_stats.emitted_tokens += n
+
+    def record_ks(self, ks: list[int]) -> None:
+        """Each request's k on a decode step of a speculating engine (0: it decoded plainly)."""
+        self.chosen_k.update(ks)
 
     def record_finish(self, request: Request) -> None:
         self.finished[request.status.value] += 1
@@ -61,4 +66,11 @@ class EngineStats:
             "accepted_tokens": s.accepted_tokens,
             "acceptance_rate": s.acceptance_rate,
             "acceptance_by_position": s.acceptance_by_position,
+            "chosen_k_histogram": dict(sorted(self.chosen_k.items())),
+            "mean_chosen_k": _mean_k(self.chosen_k),
         }
+
+
+def _mean_k(histogram: Counter) -> float:
+    n = sum(histogram.values())
+    return sum(k * c for k, c in histogram.items()) / n if n else 0.0

@@ -9,6 +9,8 @@ engine thread, so they agree exactly with the per-request `speculation` objects.
     tau = 1 + spec_accepted_tokens_total / spec_draft_steps_total
           (tokens per verifying target forward, bonus included: `SpecStats.tau`)
     tokens per target forward, all forwards = emitted_tokens_total / target_forwards_total
+    mean k chosen = sum_k k * spec_chosen_k_total{k} / sum_k spec_chosen_k_total{k}
+                    (per request and decode step; k = 0 is plain decoding, as adaptive k may choose)
 """
 
 from __future__ import annotations
@@ -136,6 +138,9 @@ class ServerMetrics:
             "Draft tokens proposed at draft slot `position`",
             ("position",),
         )
+        self.chosen_k = self._counter(
+            "speculant_spec_chosen_k", "Requests given speculation length `k` on a decode step", ("k",)
+        )
 
     def declare_positions(self, k: int) -> None:
         """Show draft slots 0..k-1 at zero before the first proposal (per-request k may add more)."""
@@ -193,6 +198,10 @@ class ServerMetrics:
         _inc_by_position(
             self.proposed_by_position, current.proposed_by_position, self._seen.proposed_by_position
         )
+        for k, n in current.chosen_k.items():
+            delta = n - self._seen.chosen_k.get(k, 0)
+            if delta:
+                self.chosen_k.labels(k=str(k)).inc(delta)
         self._seen = current
 
     def update_engine_gauges(self, engine) -> None:
@@ -214,6 +223,7 @@ class _Snapshot:
         self.spec: dict[str, int] = {}
         self.accepted_by_position: list[int] = []
         self.proposed_by_position: list[int] = []
+        self.chosen_k: dict[int, int] = {}
 
     @classmethod
     def of(cls, stats) -> _Snapshot:
@@ -223,6 +233,7 @@ class _Snapshot:
         snap.spec = {name: getattr(stats.spec_stats, name) for name in _SPEC_SCALARS}
         snap.accepted_by_position = list(stats.spec_stats.accepted_by_position)
         snap.proposed_by_position = list(stats.spec_stats.proposed_by_position)
+        snap.chosen_k = dict(stats.chosen_k)
         return snap
 
 

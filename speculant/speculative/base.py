@@ -2,9 +2,12 @@
 
 Proposers decide; the executor executes. A proposer declares the models it needs once
 (`model_specs`: the executor loads and owns them, their K/V in the engine's pages), and per step
-the engine asks `speculates(batch)` (decode batches only), drives `propose(batch)` for draft
-tokens and, after the step's tokens are committed, drives `update(step_result)` so the
-proposer's own state (a draft model's KV, carried logits) follows the sequences. `propose` and
+the engine asks `speculates(batch)` (decode batches only; it fixes each request's k for the step,
+`step_k`), drives `propose(batch)` for draft tokens and, after the step's tokens are committed,
+drives `update(step_result)` so the proposer's own state (a draft model's KV, carried logits)
+follows the sequences, then hands the step's time to `observe`. With `adaptive_k` the step's k's
+are chosen from measured acceptance and cost (`speculant.speculative.adaptive`), with
+`num_draft_tokens` as the upper bound. `propose` and
 `update` are generators of `ForwardPlan`s: the executor runs each plan and sends the result back.
 Method-specific logic lives in the subclasses; the engine never asks which method it runs.
 """
@@ -12,6 +15,7 @@ Method-specific logic lives in the subclasses; the engine never asks which metho
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +26,7 @@ from speculant.config import ArchConfig, ModelConfig, SpeculativeConfig
 from speculant.core import Batch, DraftProposal, Request, StepResult
 from speculant.executor.plan import Forwards, ModelSpec
 from speculant.kv_cache.allocator import PageTables
+from speculant.speculative.adaptive import AdaptiveK
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,8 @@ class Proposer(ABC):
     def __init__(self, ctx: ProposerContext) -> None:
         self.ctx = ctx
         self.pages: PageTables | None = None
+        self.adaptive = AdaptiveK(self.draft_forwards) if ctx.speculative.adaptive_k else None
+        self._step_ks: dict[str, int] = {}  # request id -> k of the decode step being taken
 
     def model_specs(self) -> list[ModelSpec]:
         """Models the executor must load and run for this proposer (K/V in the shared pages)."""
@@ -70,8 +77,34 @@ class Proposer(ABC):
         """KV slots past the sequence's tokens that a step may write (drafts being verified)."""
         return self.num_draft_tokens(request)
 
+    def draft_forwards(self, ks: Sequence[int]) -> int:
+        """Draft-model forwards proposing these per-request k's runs (none for a lookup)."""
+        return 0
+
     def speculates(self, batch: Batch) -> bool:
-        return batch.is_decode and any(self.num_draft_tokens(r) > 0 for r in batch.requests)
+        """Fix every request's k for this step (`step_k`); False: a plain step (every k is 0)."""
+        self._step_ks = {}
+        if not batch.is_decode:
+            if self.adaptive is not None:
+                self.adaptive.not_decoding()
+            return False
+        bounds = [self.num_draft_tokens(r) for r in batch.requests]
+        ks = self.adaptive.choose(batch.requests, bounds) if self.adaptive is not None else bounds
+        self._step_ks = {r.request_id: k for r, k in zip(batch.requests, ks)}
+        return any(k > 0 for k in ks)
+
+    def step_k(self, request: Request) -> int:
+        """The k this step drafts for the request (fixed by `speculates`)."""
+        return self._step_ks.get(request.request_id, self.num_draft_tokens(request))
+
+    def chosen_ks(self) -> list[int]:
+        """Every request's k of the decode step being taken ([] on other steps)."""
+        return list(self._step_ks.values())
+
+    def observe(self, result: StepResult, seconds: float) -> None:
+        """The step is committed and took `seconds` (wall time, proposing included)."""
+        if self.adaptive is not None:
+            self.adaptive.observe(result, seconds)
 
     @abstractmethod
     def propose(self, batch: Batch) -> Forwards[DraftProposal]:
@@ -83,7 +116,10 @@ class Proposer(ABC):
         yield from ()
 
     def release(self, request: Request) -> None:
-        """The request finished, was aborted or preempted: drop its proposer state."""
+        """The request finished, was aborted or preempted: drop its proposer state (subclasses
+        call this too)."""
+        if self.adaptive is not None:
+            self.adaptive.release(request)
 
 
 class NoProposer(Proposer):
@@ -91,6 +127,9 @@ class NoProposer(Proposer):
 
     def num_draft_tokens(self, request: Request) -> int:
         return 0
+
+    def speculates(self, batch: Batch) -> bool:
+        return False
 
     def propose(self, batch: Batch) -> Forwards[DraftProposal]:
         raise RuntimeError("NoProposer never proposes")

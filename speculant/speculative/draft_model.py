@@ -12,6 +12,7 @@ class decides what it is fed and reads the results.
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import torch
 
@@ -50,7 +51,12 @@ class DraftModelProposer(Proposer):
         """k verified slots, plus the bonus token the draft is fed after a full accept."""
         return self.num_draft_tokens(request) + 1
 
+    def draft_forwards(self, ks) -> int:
+        """The first draft comes from carried logits, the last is not fed: max(k) - 1 forwards."""
+        return max(0, max(ks, default=0) - 1)
+
     def release(self, request: Request) -> None:
+        super().release(request)
         self.computed.pop(request.request_id, None)
         self.carried.pop(request.request_id, None)
 
@@ -78,8 +84,9 @@ class DraftModelProposer(Proposer):
         return logits
 
     def propose(self, batch: Batch) -> Forwards[DraftProposal]:
+        start = time.perf_counter()
         requests = batch.requests
-        ks = [self.num_draft_tokens(r) for r in requests]
+        ks = [self.step_k(r) for r in requests]
         k_max = max(ks)
         tokens = torch.full((len(requests), k_max), -1, dtype=torch.int64)
         probs = None
@@ -95,6 +102,8 @@ class DraftModelProposer(Proposer):
                 logits[[b for b, _ in feed]] = yield from self._feed(
                     [(requests[b], [t], self.computed[requests[b].request_id]) for b, t in feed]
                 )
+        if self.adaptive is not None:
+            self.adaptive.record_draft_time(time.perf_counter() - start, self.draft_forwards(ks))
         return DraftProposal(token_ids=tokens, num_drafts=ks, draft_probs=probs)
 
     def _choose(self, logits: torch.Tensor, requests: list[Request], probs, rows: list[int], j: int) -> torch.Tensor:

@@ -58,7 +58,7 @@ class NgramProposer(Proposer):
         self._indexes: dict[str, NgramIndex] = {}  # per running request
 
     def propose(self, batch: Batch) -> Forwards[DraftProposal]:
-        drafts = [self._index(r).continuation(self.num_draft_tokens(r)) for r in batch.requests]
+        drafts = [self._index(r).continuation(self.step_k(r)) for r in batch.requests]
         yield from ()  # a lookup, no model forward
         return pad_proposals(drafts)
 
@@ -71,6 +71,7 @@ class NgramProposer(Proposer):
         return index
 
     def release(self, request: Request) -> None:
+        super().release(request)
         self._indexes.pop(request.request_id, None)
 
 

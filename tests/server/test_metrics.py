@@ -117,6 +117,8 @@ def test_speculation_counters_agree_with_per_request_stats(ngram_server):
             _sum_by_label(after, by_position) - _sum_by_label(before, by_position) == delta[total]
         )
     assert 'speculant_spec_accepted_by_position_total{position="2"}' in after
+    chosen = _sum_by_label(after, "speculant_spec_chosen_k_total") - _sum_by_label(before, "speculant_spec_chosen_k_total")
+    assert chosen >= delta["speculant_spec_draft_steps_total"] > 0  # every decode step's k, 0 included
 
 
 def test_metrics_lists_latency_and_capacity(server):

@@ -14,6 +14,7 @@ drawn from the last draft position's distribution) must fail far below ALPHA.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -25,6 +26,7 @@ import speculant.engine.engine as engine_module
 from speculant import SamplingParams
 from speculant.sampling.acceptance import AcceptResult, accept_drafts
 from speculant.sampling.sampler import SamplingTensors, processed_probs
+from speculant.speculative.cost_model import MovingAverage, StepCostModel
 
 ALPHA = 1e-3
 MAX_Z = 4.0  # acceptance-rate tolerance in binomial standard errors
@@ -87,11 +89,11 @@ def first_acceptance_rates(models, params: SamplingParams, draft_sampling: str, 
     return torch.minimum(p, q).sum(-1)
 
 
-def sample_spec(models, params: SamplingParams, draft_sampling: str) -> SpecRun:
+def sample_spec(models, params: SamplingParams, draft_sampling: str, **llm_options) -> SpecRun:
     target, draft = models
     llm = tiny_llm(
         target, draft, num_draft_tokens=NUM_DRAFTS, draft_sampling=draft_sampling, seed=11,
-        num_pages=4096, max_num_seqs=1024, max_num_batched_tokens=8192,
+        num_pages=4096, max_num_seqs=1024, max_num_batched_tokens=8192, **llm_options,
     )
     engine, requests, run = llm.engine, [], SpecRun(torch.empty(0))
     while len(requests) < NUM_SAMPLES or engine.has_unfinished():
@@ -130,8 +132,8 @@ def bonus_pvalue(target, params: SamplingParams, bonuses: list[tuple[tuple[int, 
     return chi_square_pvalue(before * VOCAB + torch.tensor([b for _, b in bonuses]), expected.reshape(-1))
 
 
-def p_values(models, params: SamplingParams, draft_sampling: str) -> dict[str, float]:
-    run = sample_spec(models, params, draft_sampling)
+def p_values(models, params: SamplingParams, draft_sampling: str, **llm_options) -> dict[str, float]:
+    run = sample_spec(models, params, draft_sampling, **llm_options)
     x = run.tokens
     pairs = [x[:, 0] * VOCAB + x[:, 1], x[:, 1] * VOCAB + x[:, 2], x[:, 2] * VOCAB + x[:, 3]]
     out = {f"x{i + 1}x{i + 2}": chi_square_pvalue(c, j) for i, (c, j) in enumerate(zip(pairs, exact_joints(models[0], params)))}
@@ -169,6 +171,23 @@ def _case(models, name: str) -> tuple[tuple, SamplingParams, str]:
 @pytest.mark.parametrize("case", list(CASES))
 def test_speculative_sampling_matches_target(models, case):
     out = p_values(*_case(models, case))
+    z = out.pop("first_acceptance_z")
+    assert min(out.values()) > ALPHA and abs(z) < MAX_Z, (out, z)
+
+
+def test_speculative_sampling_matches_target_with_adaptive_k(models, monkeypatch):
+    """k chosen per request and step from the request's past outcomes keeps the target's law.
+    The step cost is a fixed function (a step per request, a verified token 0.3 of one) so the
+    choices, and the test, do not depend on the machine's load."""
+    monkeypatch.setattr(StepCostModel, "predict", lambda self, ks, context: len(ks) + 0.3 * sum(k + 1 for k in ks))
+    monkeypatch.setattr(MovingAverage, "update", lambda self, x: None)  # no draft cost
+    pair, params, draft_sampling = _case(models, "t0.7-topk-topp-greedy-self-draft")
+    params = dataclasses.replace(params, max_tokens=NUM_DRAFTS + 3)  # room for a full chain after a plain step
+    run_ks = []
+    record_ks = engine_module.EngineStats.record_ks
+    monkeypatch.setattr(engine_module.EngineStats, "record_ks", lambda self, ks: (run_ks.extend(ks), record_ks(self, ks)))
+    out = p_values(pair, params, draft_sampling, adaptive_k=True)
+    assert {1, 2} <= set(run_ks)  # k varied with the requests' outcomes
     z = out.pop("first_acceptance_z")
     assert min(out.values()) > ALPHA and abs(z) < MAX_Z, (out, z)
 

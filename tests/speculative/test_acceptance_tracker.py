@@ -1,0 +1,64 @@
+"""Per-request acceptance, smoothed and fed back into the k chooser."""
+
+from __future__ import annotations
+
+import pytest
+
+from speculant.speculative.acceptance_tracker import AcceptanceTracker
+from speculant.speculative.cost_model import StepCostModel
+from speculant.speculative.k_chooser import choose_k
+
+K_MAX = 8
+
+
+def run_steps(tracker: AcceptanceTracker, accepts, steps: int) -> list[int]:
+    """Choose k with the prior cost model, verify with `accepts(k)` accepted; the k's chosen."""
+    cost = StepCostModel()
+    chosen = []
+    for _ in range(steps):
+        (k,) = choose_k([tracker.alphas("r", K_MAX)], [K_MAX], lambda ks: cost.predict(ks, 100))
+        chosen.append(k)
+        if k:
+            tracker.record("r", k, accepts(k))
+        else:
+            tracker.idle("r")
+    return chosen
+
+
+def test_a_new_request_starts_optimistic_but_not_certain():
+    alphas = AcceptanceTracker().alphas("new", 3)
+    assert all(0.5 < a < 1.0 for a in alphas)
+
+
+def test_always_right_converges_to_the_largest_k():
+    tracker = AcceptanceTracker()
+    chosen = run_steps(tracker, lambda k: k, 20)
+    assert chosen[-5:] == [K_MAX] * 5
+    assert tracker.alphas("r", K_MAX)[0] > 0.95
+
+
+def test_never_right_goes_to_zero_after_a_few_steps():
+    chosen = run_steps(AcceptanceTracker(), lambda k: 0, 15)
+    assert chosen[0] > 0
+    assert chosen[-1] == 0 and chosen.index(0) <= 12
+
+
+def test_never_right_probes_again_only_now_and_then():
+    chosen = run_steps(AcceptanceTracker(), lambda k: 0, 200)
+    assert 0 < sum(k > 0 for k in chosen[50:]) <= 20  # mostly plain decoding, a probe now and then
+
+
+def test_conditional_acceptance_by_slot():
+    tracker = AcceptanceTracker(prior_accept=0.0 + 1e-9, prior_reject=1e-9, decay=1.0)
+    for _ in range(10):
+        tracker.record("r", 3, 1)  # slot 0 accepted, slot 1 rejected, slot 2 never reached
+    a = tracker.alphas("r", 3)
+    assert a[0] == pytest.approx(1.0) and a[1] == pytest.approx(0.0, abs=1e-6)
+    assert a[2] == pytest.approx(0.5)  # no evidence: the prior's mean
+
+
+def test_release_forgets_the_request():
+    tracker = AcceptanceTracker()
+    tracker.record("r", 4, 0)
+    tracker.release("r")
+    assert tracker.alphas("r", 2) == AcceptanceTracker().alphas("x", 2)
