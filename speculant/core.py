@@ -40,13 +40,7 @@ class SpecStats:
         self.draft_steps += 1
         self.draft_tokens += num_proposed
         self.accepted_tokens += num_accepted
-        grow = num_proposed - len(self.proposed_by_position)
-        if grow > 0:
-            self.proposed_by_position += [0] * grow
-            self.accepted_by_position += [0] * grow
-        for i in range(num_proposed):
-            self.proposed_by_position[i] += 1
-            self.accepted_by_position[i] += int(i < num_accepted)
+        count_by_position(self.proposed_by_position, self.accepted_by_position, num_proposed, num_accepted)
 
     def merge(self, other: SpecStats) -> None:
         self.target_forwards += other.target_forwards
@@ -74,6 +68,18 @@ class SpecStats:
     @property
     def acceptance_by_position(self) -> list[float]:
         return [a / p if p else 0.0 for a, p in zip(self.accepted_by_position, self.proposed_by_position)]
+
+
+def count_by_position(reached: list, accepted: list, num_reached: int, num_accepted: int) -> None:
+    """Add one verify outcome to per-slot counts in place: slots 0..num_reached-1 were reached,
+    the first num_accepted of them accepted; the lists grow to cover every reached slot."""
+    grow = num_reached - len(reached)
+    if grow > 0:
+        reached += [0] * grow
+        accepted += [0] * grow
+    for i in range(num_reached):
+        reached[i] += 1
+        accepted[i] += int(i < num_accepted)
 
 
 def _at(values: list[int], i: int) -> int:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from speculant.core import count_by_position
+
 
 @dataclass
 class _Counts:
@@ -39,14 +41,7 @@ class AcceptanceTracker:
         """One verify: slots 0..num_accepted were reached, the first num_accepted accepted."""
         c = self._counts.setdefault(request_id, _Counts())
         _scale(c, self.decay)
-        reached = min(num_drafts, num_accepted + 1)
-        grow = reached - len(c.reached)
-        if grow > 0:
-            c.reached += [0.0] * grow
-            c.accepted += [0.0] * grow
-        for i in range(reached):
-            c.reached[i] += 1.0
-            c.accepted[i] += float(i < num_accepted)
+        count_by_position(c.reached, c.accepted, min(num_drafts, num_accepted + 1), num_accepted)
 
     def idle(self, request_id: str) -> None:
         """A decode step where the request did not speculate: its evidence fades toward the prior."""
