@@ -52,8 +52,8 @@ class Engine:
         self.config = config
         self.device = torch.device(config.model.device)
         budget = resolve_budget(config.cache.memory_budget, self.device)  # free memory before any weight
-        target, self.tokenizer = load_target(config, checkpoint)
-        self.executor = Executor(target)
+        target, self.tokenizer, target_sha256 = load_target(config, checkpoint)
+        self.executor = Executor(target, target_sha256)
         self.arch = self.executor.arch()
         self.generator = torch.Generator().manual_seed(config.model.seed)
         self.proposer = create_proposer(

@@ -9,16 +9,19 @@ launch forwards ahead of the host.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from speculant.attention.batch import build_forward_batch
 from speculant.config import ArchConfig
-from speculant.executor.loading import build_runner, load_checkpoint_for
+from speculant.executor.loading import build_head_runner, build_runner, load_checkpoint_for
 from speculant.executor.model_runner import ModelRunner
 from speculant.executor.plan import TARGET, ForwardPlan, ForwardResult, Forwards, ModelSpec, T
 
 
 class Executor:
-    def __init__(self, target: ModelRunner) -> None:
+    def __init__(self, target: ModelRunner, target_sha256: Callable[[], str] | None = None) -> None:
         self._runners: dict[str, ModelRunner] = {TARGET: target}
+        self._target_sha256 = target_sha256  # the target checkpoint's sha256, for heads trained on it
         self.page_size: int | None = None  # set by allocate_kv
 
     # ---- models -----------------------------------------------------------------------------
@@ -29,6 +32,9 @@ class Executor:
             raise ValueError(f"model name {spec.name!r} is already in use")
         if self.page_size is not None:
             raise RuntimeError("add_model after allocate_kv: the page budget is already fixed")
+        if spec.head_of is not None:
+            self._runners[spec.name] = self._head_runner(spec)
+            return
         checkpoint = spec.checkpoint if spec.checkpoint is not None else load_checkpoint_for(spec.config.model, spec.config)
         target_vocab, vocab = self.arch().vocab_size, checkpoint.arch.vocab_size
         if spec.shares_vocab and vocab != target_vocab:
@@ -37,6 +43,21 @@ class Executor:
                 f"the target {target_vocab}: {spec.name} and target must share a vocabulary"
             )
         self._runners[spec.name] = build_runner(checkpoint, spec.config)
+
+    def _head_runner(self, spec: ModelSpec) -> ModelRunner:
+        from speculant.loader.head_file import load_head
+
+        base = self._runner(spec.head_of)
+        expect = self._target_sha256() if self._target_sha256 is not None and spec.head_of == TARGET else None
+        head = spec.checkpoint if spec.checkpoint is not None else load_head(spec.config.model, expect)
+        if expect is not None and head.config.target_sha256 != expect:
+            load_head(head.path or spec.config.model, expect)  # raises, naming both targets
+        if head.config.hidden_size != base.arch.hidden_size:
+            raise ValueError(
+                f"head {spec.config.model!r} has hidden size {head.config.hidden_size}, "
+                f"the {spec.head_of} model {base.arch.hidden_size}"
+            )
+        return build_head_runner(head, base, spec.config)
 
     @property
     def model_names(self) -> list[str]:
@@ -71,7 +92,7 @@ class Executor:
         """One forward of `plan.model` over `plan.inputs`."""
         assert self.page_size is not None, "allocate_kv first"
         fb = build_forward_batch(plan.inputs, self.page_size)
-        logits, hidden = self._runner(plan.model).forward(fb, plan.input_embeds, plan.hidden_states)
+        logits, hidden = self._runner(plan.model).forward(fb, plan.input_embeds, plan.hidden_states, plan.input_ids)
         return ForwardResult(logits, hidden)
 
     def drive(self, forwards: Forwards[T]) -> T:

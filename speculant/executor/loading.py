@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+from types import SimpleNamespace
+
 import torch
 
 from speculant.attention.registry import create_backend
@@ -18,6 +21,16 @@ def build_runner(checkpoint, model_config: ModelConfig) -> ModelRunner:
     return ModelRunner(model, backend, device, dtype)
 
 
+def build_head_runner(head, base: ModelRunner, model_config: ModelConfig) -> ModelRunner:
+    """A draft head (`speculant.loader.head_file.HeadCheckpoint`) over `base`'s embedding and lm_head."""
+    from speculant.models.head import DraftHead
+
+    device, dtype = base.device, base.dtype
+    model = DraftHead(base.model, head.config.variant, head.weights, device, dtype, model_config.weights)
+    backend = create_backend(model_config.attention_backend, device, dtype)
+    return ModelRunner(model, backend, device, dtype)
+
+
 def load_checkpoint_for(name: str, model_config: ModelConfig):
     from speculant.loader import load_checkpoint
 
@@ -25,7 +38,14 @@ def load_checkpoint_for(name: str, model_config: ModelConfig):
 
 
 def load_target(config: EngineConfig, checkpoint=None):
-    """(runner, tokenizer) for the target; `checkpoint` skips loading (tests pass tiny models)."""
+    """(runner, tokenizer, sha256) for the target; `checkpoint` skips loading (tests pass tiny
+    models). `sha256()` is the checkpoint's, computed when first asked (heads check it)."""
+    from speculant.loader.head_file import checkpoint_sha256
+
     checkpoint = checkpoint or load_checkpoint_for(config.model.model, config.model)
     runner = build_runner(checkpoint, config.model)
-    return runner, checkpoint.tokenizer
+    # A file's path, not its weights (which the model may have replaced); an in-memory
+    # checkpoint (tests) is hashed from its tensors.
+    source = SimpleNamespace(path=checkpoint.path) if checkpoint.path is not None else checkpoint
+    sha256 = functools.partial(checkpoint_sha256, source)
+    return runner, checkpoint.tokenizer, sha256

@@ -34,6 +34,7 @@ class ModelRunner:
         fb: ForwardBatch,
         input_embeds: torch.Tensor | None = None,  # [T, hidden] read instead of fb's token ids
         hidden_states: torch.Tensor | None = None,  # [T, hidden_in] extra input of draft heads
+        input_ids: torch.Tensor | None = None,  # [T] device token ids read instead of fb's
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """logits [N, vocab] float32 for fb.logits_indices, hidden [T, hidden] for every token.
         Called by the executor only (`executor/executor.py`)."""
@@ -45,7 +46,8 @@ class ModelRunner:
         view = ForwardBatch.unpack(packed, header=host)
         meta = self.backend.plan(fb, self.device)
         ctx = ForwardContext(self.backend, meta, self.kv.k, self.kv.v)
-        input_ids = view.input_ids if input_embeds is None else None
+        if input_ids is None and input_embeds is None:
+            input_ids = view.input_ids
         hidden = self.model.forward(input_ids, view.positions, ctx, input_embeds, hidden_states)
         logits = self.model.compute_logits(hidden.index_select(0, view.logits_indices))
         return logits, hidden

@@ -35,6 +35,7 @@ class ModelSpec:
     config: ModelConfig  # `config.model` names the checkpoint; dtype, device, attention backend
     checkpoint: Any = None  # an already loaded checkpoint (tests); None loads config.model
     shares_vocab: bool = True  # must the model's vocabulary equal the target's
+    head_of: str | None = None  # a draft head over this model's embedding and lm_head (a head folder)
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class ForwardPlan:
 
     model: str  # TARGET or a ModelSpec name
     inputs: list[SeqInput]  # per sequence: new tokens, KV start, page table, which rows get logits
+    input_ids: torch.Tensor | None = None  # [T] device token ids used instead of the inputs' (whose lengths still lay out the batch)
     input_embeds: torch.Tensor | None = None  # [T, hidden] used instead of the token ids' embeddings
     hidden_states: torch.Tensor | None = None  # [T, hidden_in] extra input of draft heads
 

@@ -8,6 +8,7 @@ with a measured kernel, int8 or int4), so the forward below never looks at dtype
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +19,9 @@ from speculant.layers.linear import Linear, make_linear
 from speculant.layers.quant import cat_rows
 from speculant.layers.rotary import RotaryEmbedding, apply_rotary
 from speculant.models.base import CausalLM, ForwardContext
+
+# attention over flat tokens: q [T, heads, head_dim], k/v [T, kv_heads, head_dim] -> [T, heads * head_dim]
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -97,24 +101,32 @@ class LlamaForCausalLM(CausalLM):
         return x
 
     def _layer(self, i: int, w: LayerWeights, x: torch.Tensor, cos, sin, ctx: ForwardContext) -> torch.Tensor:
-        a = self.arch
-        h = F.rms_norm(x, (a.hidden_size,), w.input_norm, a.rms_norm_eps)
-        qkv = w.qkv(h)  # [T, q_size + 2 * kv_size]
-        num_tokens = qkv.shape[0]
-        qk = apply_rotary(qkv[:, : a.q_size + a.kv_size].view(num_tokens, -1, a.head_dim), cos, sin)
-        q, k = qk[:, : a.num_heads], qk[:, a.num_heads :]
-        v = qkv[:, a.q_size + a.kv_size :].view(num_tokens, a.num_kv_heads, a.head_dim)
-        attn = ctx.backend.forward(q, k, v, ctx.k_cache[i], ctx.v_cache[i], ctx.meta, self.scale)
-        x = x + w.o(attn)
-        h = F.rms_norm(x, (a.hidden_size,), w.post_norm, a.rms_norm_eps)
-        gate, up = w.gate_up(h).chunk(2, dim=-1)
-        return x + w.down(F.silu(gate) * up)
+        def attend(q, k, v):
+            return ctx.backend.forward(q, k, v, ctx.k_cache[i], ctx.v_cache[i], ctx.meta, self.scale)
+
+        return decoder_layer(self.arch, w, x, cos, sin, attend)
 
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden]
         return F.rms_norm(hidden, (self.arch.hidden_size,), self.norm, self.arch.rms_norm_eps)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab]
         return self.lm_head(self.final_norm(hidden)).float()
+
+
+def decoder_layer(a: ArchConfig, w: LayerWeights, x: torch.Tensor, cos, sin, attend: Attend) -> torch.Tensor:
+    """One pre-norm decoder layer over flat tokens x [T, hidden]; `attend` runs attention (paged
+    through a backend at inference, a causal mask in head training). Any callables will do as
+    `w`'s products (plain `F.linear` on trainable tensors for training)."""
+    h = F.rms_norm(x, (a.hidden_size,), w.input_norm, a.rms_norm_eps)
+    qkv = w.qkv(h)  # [T, q_size + 2 * kv_size]
+    num_tokens = qkv.shape[0]
+    qk = apply_rotary(qkv[:, : a.q_size + a.kv_size].view(num_tokens, -1, a.head_dim), cos, sin)
+    q, k = qk[:, : a.num_heads], qk[:, a.num_heads :]
+    v = qkv[:, a.q_size + a.kv_size :].view(num_tokens, a.num_kv_heads, a.head_dim)
+    x = x + w.o(attend(q, k, v))
+    h = F.rms_norm(x, (a.hidden_size,), w.post_norm, a.rms_norm_eps)
+    gate, up = w.gate_up(h).chunk(2, dim=-1)
+    return x + w.down(F.silu(gate) * up)
 
 
 def _take(weights: dict, name: str):
