@@ -167,6 +167,18 @@ class NgramConfig:
 
 
 @dataclass(frozen=True)
+class HeadConfig:
+    """MTP / EAGLE speculation: a draft head on the target's hidden states."""
+
+    path: str | None = option(None, "draft head folder (head.json + head.safetensors); None: the head shipped for the target", name="head")
+    sampling: str = option("greedy", "greedy: the head's argmax (one-hot); sample: draw from the head", choices=("greedy", "sample"))
+
+    def __post_init__(self) -> None:
+        if self.sampling not in ("greedy", "sample"):
+            raise ValueError(f"head_sampling must be 'greedy' or 'sample', got {self.sampling!r}")
+
+
+@dataclass(frozen=True)
 class SpeculativeConfig:
     """Speculative decoding. `method` names a proposer in `speculant.speculative` ("none" disables
     it); each method's own settings live in its nested config."""
@@ -180,6 +192,7 @@ class SpeculativeConfig:
     )
     draft: DraftModelConfig = DraftModelConfig()
     ngram: NgramConfig = NgramConfig()
+    head: HeadConfig = HeadConfig()
 
     def __post_init__(self) -> None:
         if self.num_draft_tokens < 1:

@@ -214,11 +214,13 @@ class StepResult:
 
     requests: list[Request]  # [B] the batch's requests, finished ones included
     row_offsets: list[int]  # [B + 1] each sequence's rows of the flat forward; row_offsets[-1] == T
+    kv_starts: list[int]  # [B] position (KV slot) of each sequence's first row
     hidden_states: torch.Tensor  # [T, hidden] the target's last-layer states (device), before the final norm
     num_accepted: torch.Tensor  # [B] int64 (device) drafts the target accepted; 0 on plain steps
     bonus_token_ids: torch.Tensor  # [B] int64 (device) the target's own token after the accepted drafts
     # (recovered, bonus, or the plain sample); -1 where the step sampled nothing (a prefill chunk)
-    emitted_token_ids: list[list[int]]  # [B][n_b] tokens appended to each request (after max_tokens and stop cuts)
+    emitted_token_ids: list[list[int]] | None  # [B][n_b] tokens appended to each request (after max_tokens
+    # and stop cuts); None in `Proposer.launch`, before the host has read them
     speculative: bool  # drafts were verified (else a plain forward and sample)
 
 

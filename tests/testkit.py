@@ -114,3 +114,73 @@ def ancestor_mask(parents: list[int]) -> np.ndarray:  # [n, n] bool
         if p >= 0:
             mask[i] |= mask[p]
     return mask
+
+
+def target_states(hf_model, sequences: list[list[int]]):
+    """[(hidden [T, H] before the final norm, logits [T, V])] of the tiny target over each
+    sequence, through the engine's own executor."""
+    from speculant.attention.batch import SeqInput
+    from speculant.config import ModelConfig
+    from speculant.executor.executor import Executor
+    from speculant.executor.loading import build_runner
+    from speculant.executor.plan import TARGET, ForwardPlan
+
+    executor = Executor(build_runner(TinyCheckpoint(hf_model), ModelConfig(model="tiny")))
+    longest = max(len(s) for s in sequences)
+    executor.allocate_kv(num_pages=longest // 16 + 1, page_size=16)
+    out = []
+    for s in sequences:
+        result = executor.run(ForwardPlan(TARGET, [SeqInput(s, 0, list(range(longest // 16 + 1)), logits="all")]))
+        out.append((result.hidden, result.logits))
+    return out
+
+
+def fit_head(hf_model, sequences: list[list[int]], variant: str = "normed", steps: int = 300, seed: int = 0, vocab_map=None):
+    """A draft head for the tiny target fitted to its own next-token laws on `sequences` (entry i
+    reads h_i and t_{i+1}, learns the target's law at i+1): a `HeadCheckpoint` for the engine."""
+    import torch.nn.functional as F
+
+    from speculant.layers.rotary import RotaryEmbedding
+    from speculant.loader.head_file import HeadCheckpoint, HeadFileConfig, checkpoint_sha256
+    from speculant.models.head import (
+        build_modules,
+        head_arch,
+        head_forward,
+        head_logits,
+        init_head_weights,
+    )
+
+    ckpt = TinyCheckpoint(hf_model)
+    arch = head_arch(ckpt.arch)
+    weights = {k: v.requires_grad_() for k, v in init_head_weights(arch, variant, seed, std=0.05).items()}
+    embed, lm_head = ckpt.weights["model.embed_tokens.weight"], ckpt.weights.get("lm_head.weight", ckpt.weights["model.embed_tokens.weight"])
+    rotary = RotaryEmbedding(arch, torch.device("cpu"), torch.float32)
+    data = [(torch.tensor(s), h.detach(), lg.detach()) for s, (h, lg) in zip(sequences, target_states(hf_model, sequences))]
+    opt = torch.optim.Adam(list(weights.values()), lr=3e-3)
+
+    def attend(q, k, v):
+        groups = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+        out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True)
+        return out.transpose(0, 1).reshape(q.shape[0], -1)
+
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = 0.0
+        for tokens, hidden, logits in data:
+            n = len(tokens) - 1
+            m = build_modules(weights, arch, variant)
+            cos, sin = rotary.lookup(torch.arange(n))
+            out = head_forward(arch, m, F.embedding(tokens[1:], embed), hidden[:n], cos, sin, attend)
+            pred = head_logits(arch, m, out, lm_head, vocab_map)  # entry i predicts the law at i + 1
+            target = torch.softmax(logits[1:], -1)
+            if vocab_map is not None:
+                target = target[:, vocab_map]
+            loss = loss + F.cross_entropy(pred, target)
+        loss.backward()
+        opt.step()
+    final = {k: v.detach() for k, v in weights.items()}
+    if vocab_map is not None:
+        final["vocab_map"] = vocab_map
+    cfg = HeadFileConfig(variant, "tiny", checkpoint_sha256(ckpt), arch.hidden_size, 0 if vocab_map is None else len(vocab_map))
+    return HeadCheckpoint(cfg, final)

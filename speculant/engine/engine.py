@@ -189,13 +189,15 @@ class Engine:
         samples = [s.samples for s in batch.seqs]
         sampling = [s.request for s in batch.seqs if s.samples]
         bonus = self._sample_rows(out.logits, samples, sampling)  # [B]
+        offsets = _offsets([s.num_new_tokens for s in batch.seqs])
+        starts = [s.request.num_computed_tokens for s in batch.seqs]
+        result = StepResult(batch.requests, offsets, starts, out.hidden, torch.zeros_like(bonus), bonus, None, speculative=False)
+        self.executor.drive(self.proposer.launch(result))  # before the host reads the step
         tokens = to_list(bonus) if sampling else [-1] * len(batch)
         emitted = [[t] if sampled else [] for t, sampled in zip(tokens, samples)]
         logprobs, tops = self._logprobs(out.logits, [t for e in emitted for t in e], sampling)
         for s in batch.seqs:
             s.request.num_computed_tokens += s.num_new_tokens
-        offsets = _offsets([s.num_new_tokens for s in batch.seqs])
-        result = StepResult(batch.requests, offsets, out.hidden, torch.zeros_like(bonus), bonus, emitted, speculative=False)
         return StepOutput(emitted, _split(logprobs, emitted), _split(tops, emitted)), result
 
     def _sample_rows(self, logits: torch.Tensor, samples: list[bool], requests: list[Request]) -> torch.Tensor:
@@ -228,6 +230,11 @@ class Engine:
             proposal.token_ids, torch.tensor(proposal.num_drafts), proposal.draft_probs, target_probs,
             [r.generator for r in batch.requests], self.generator,
         )
+        offsets = _offsets([k + 1 for k in proposal.num_drafts])
+        bonus = result.token_ids.gather(1, result.num_accepted[:, None])[:, 0]  # [B]
+        starts = [r.num_computed_tokens for r in batch.requests]
+        step = StepResult(batch.requests, offsets, starts, out.hidden, result.num_accepted, bonus, None, speculative=True)
+        self.executor.drive(self.proposer.launch(step))  # before the host reads the step
         num_emitted, num_accepted = to_list(result.num_emitted), to_list(result.num_accepted)
         tokens = to_list(result.token_ids)
         emitted = [tokens[b][: num_emitted[b]] for b in range(len(batch))]
@@ -237,11 +244,8 @@ class Engine:
                 r.spec_stats.record(proposal.num_drafts[b], num_accepted[b])
                 self.stats.spec_stats.record(proposal.num_drafts[b], num_accepted[b])
         flat = [t for b, e in enumerate(emitted) for t in e]
-        offsets = _offsets([k + 1 for k in proposal.num_drafts])
         rows = [start + j for start, e in zip(offsets, emitted) for j in range(len(e))]
         logprobs, tops = self._logprobs(logits[rows], flat, batch.requests)
-        bonus = result.token_ids.gather(1, result.num_accepted[:, None])[:, 0]  # [B]
-        step = StepResult(batch.requests, offsets, out.hidden, result.num_accepted, bonus, emitted, speculative=True)
         return StepOutput(emitted, _split(logprobs, emitted), _split(tops, emitted)), step
 
     def _padded_target_probs(self, batch: Batch, proposal: DraftProposal, logits: torch.Tensor) -> torch.Tensor:

@@ -96,7 +96,7 @@ def plan_memory(config: EngineConfig, target: ModelRunner, drafts: list[ModelRun
     runners = [target, *drafts]
     return MemoryPlan(
         target_weights=tensor_bytes(target.model),
-        draft_weights=sum(tensor_bytes(r.model) for r in drafts),
+        draft_weights=tensor_bytes([target.model, *(r.model for r in drafts)]) - tensor_bytes(target.model),  # a head's shared tensors count once
         kv_cache=num_pages * kv_bytes_per_page(runners, config.cache.page_size),
         draft_logits=proposer_bytes.get("draft_logits", 0),
         draft_probs=proposer_bytes.get("draft_probs", 0),

@@ -45,13 +45,13 @@ class Executor:
         self._runners[spec.name] = build_runner(checkpoint, spec.config)
 
     def _head_runner(self, spec: ModelSpec) -> ModelRunner:
-        from speculant.loader.head_file import load_head
+        from speculant.loader.head_file import check_target, load_head
 
         base = self._runner(spec.head_of)
         expect = self._target_sha256() if self._target_sha256 is not None and spec.head_of == TARGET else None
         head = spec.checkpoint if spec.checkpoint is not None else load_head(spec.config.model, expect)
-        if expect is not None and head.config.target_sha256 != expect:
-            load_head(head.path or spec.config.model, expect)  # raises, naming both targets
+        if expect is not None:
+            check_target(head.config, expect, head.path or spec.config.model)
         if head.config.hidden_size != base.arch.hidden_size:
             raise ValueError(
                 f"head {spec.config.model!r} has hidden size {head.config.hidden_size}, "

@@ -65,14 +65,20 @@ def load_head(folder: str | pathlib.Path, expect_sha256: str | None = None) -> H
         config = HeadFileConfig(**json.loads((folder / _CONFIG).read_text()))
     except (ValueError, TypeError) as exc:
         raise CheckpointError(folder / _CONFIG, f"not a head config ({exc})") from None
-    if expect_sha256 is not None and config.target_sha256 != expect_sha256:
+    if expect_sha256 is not None:
+        check_target(config, expect_sha256, folder)
+    weights = {_canonical(k): v for k, v in load_file(str(folder / _WEIGHTS)).items()}
+    return HeadCheckpoint(config, {k: v for k, v in weights.items() if k is not None and k != "_shared"}, folder)
+
+
+def check_target(config: HeadFileConfig, expect_sha256: str, where) -> None:
+    """Refuse a head trained for another target than the loaded one (sha256 `expect_sha256`)."""
+    if config.target_sha256 != expect_sha256:
         raise CheckpointError(
-            folder,
+            where,
             f"this head was trained for target {config.target!r} (sha256 {config.target_sha256[:12]}...), "
             f"not the loaded target (sha256 {expect_sha256[:12]}...)",
         )
-    weights = {_canonical(k): v for k, v in load_file(str(folder / _WEIGHTS)).items()}
-    return HeadCheckpoint(config, {k: v for k, v in weights.items() if k is not None and k != "_shared"}, folder)
 
 
 def _canonical(name: str) -> str:

@@ -26,6 +26,7 @@ from speculant.config import ArchConfig, ModelConfig, SpeculativeConfig
 from speculant.core import Batch, DraftProposal, Request, StepResult
 from speculant.executor.plan import Forwards, ModelSpec
 from speculant.kv_cache.allocator import PageTables
+from speculant.sampling.sampler import SamplingTensors, processed_probs, sample
 from speculant.speculative.adaptive import AdaptiveK
 
 
@@ -111,6 +112,12 @@ class Proposer(ABC):
         """Draft tokens for every sequence of a decode batch (k_i may be 0), planning any model
         forwards it needs through the executor."""
 
+    def launch(self, result: StepResult) -> Forwards[None]:
+        """Called right after acceptance, before the host reads the step's outcome: forwards
+        planned here may use only device tensors of `result` (its `emitted_token_ids` are not
+        known yet), so launching them costs no device-to-host read."""
+        yield from ()
+
     def update(self, result: StepResult) -> Forwards[None]:
         """Called after a step's tokens are appended to the live requests of `result.requests`."""
         yield from ()
@@ -133,6 +140,19 @@ class NoProposer(Proposer):
 
     def propose(self, batch: Batch) -> Forwards[DraftProposal]:
         raise RuntimeError("NoProposer never proposes")
+
+
+def choose_drafts(
+    logits: torch.Tensor,  # [N, V] a draft model's or head's logits for the next token
+    requests: list[Request],  # [N]
+    sampled: bool,  # draw from the processed distribution (else the argmax, a one-hot q)
+    default_generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # tokens [N] int64, q [N, V] (None when greedy)
+    if not sampled:
+        return logits.argmax(dim=-1), None
+    st = SamplingTensors.from_params([r.params for r in requests], logits.device)
+    q = processed_probs(logits, st)
+    return sample(q, [r.generator for r in requests], default_generator), q
 
 
 def pad_proposals(drafts: list[list[int]]) -> DraftProposal:

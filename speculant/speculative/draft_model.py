@@ -19,8 +19,7 @@ import torch
 from speculant.attention.batch import SeqInput
 from speculant.core import Batch, DraftProposal, Request, StepResult
 from speculant.executor.plan import ForwardPlan, Forwards, ModelSpec
-from speculant.sampling.sampler import SamplingTensors, processed_probs, sample
-from speculant.speculative.base import Proposer, ProposerContext
+from speculant.speculative.base import Proposer, ProposerContext, choose_drafts
 from speculant.utils.sync import to_list
 
 DRAFT = "draft"  # the draft model's name in the executor
@@ -107,9 +106,7 @@ class DraftModelProposer(Proposer):
         return DraftProposal(token_ids=tokens, num_drafts=ks, draft_probs=probs)
 
     def _choose(self, logits: torch.Tensor, requests: list[Request], probs, rows: list[int], j: int) -> torch.Tensor:
-        if probs is None:
-            return logits.argmax(dim=-1)
-        st = SamplingTensors.from_params([r.params for r in requests], logits.device)
-        q = processed_probs(logits, st)  # [len(rows), V]
-        probs[rows, j] = q
-        return sample(q, [r.generator for r in requests], self.ctx.generator)
+        tokens, q = choose_drafts(logits, requests, probs is not None, self.ctx.generator)
+        if q is not None:
+            probs[rows, j] = q
+        return tokens

@@ -9,6 +9,7 @@ from speculant.speculative.base import NoProposer, Proposer, ProposerContext
 _PROPOSERS = {
     "draft": "speculant.speculative.draft_model:DraftModelProposer",
     "ngram": "speculant.speculative.ngram:NgramProposer",
+    "mtp": "speculant.speculative.mtp:MtpProposer",
 }
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 
 import torch
 
@@ -14,9 +16,20 @@ def host_reads() -> int:
     return getattr(_local, "count", 0)
 
 
+@contextlib.contextmanager
+def counting_cpu_reads() -> Iterator[None]:
+    """Count reads of CPU tensors too (tests: the reads a step would make on an accelerator)."""
+    before = getattr(_local, "cpu", False)
+    _local.cpu = True
+    try:
+        yield
+    finally:
+        _local.cpu = before
+
+
 def to_host(t: torch.Tensor) -> torch.Tensor:
     """`t` on the CPU; counts a sync when `t` lives on an accelerator."""
-    if t.device.type != "cpu":
+    if t.device.type != "cpu" or getattr(_local, "cpu", False):
         _local.count = host_reads() + 1
         return t.cpu()
     return t

@@ -1,0 +1,157 @@
+"""MTP speculation: a draft head on the target's hidden states proposes k tokens (DeepSeek-V3's
+MTP schedule, the Sonar speculation design).
+
+Head entry i of a sequence (its KV slot i) reads the target's hidden state h_i and the embedding
+of t_{i+1}; its output predicts t_{i+2}. The schedule:
+
+- every target forward is followed, before the host reads anything (`launch`), by one head run
+  over the forward's rows with the target's states: a prefill chunk's entries (the sampled first
+  token as the last entry's input), or every verified position of a speculative step, rejected
+  ones included (their tokens: the accepted drafts, then the bonus token at the first rejected
+  slot). The logits and state at each sequence's last valid entry are gathered on the device
+  (row offset + accepted count) and carried into the next step; work on rejected rows is wasted
+  but needs no device-to-host read to know which rows to keep, and their KV is overwritten next
+  step;
+- `propose` takes the first draft from the carried logits and, for k > 1, runs the head on its own
+  output state and the draft just chosen, entry after entry.
+
+Drafts are the head's argmax (a one-hot q) or samples from its processed distribution
+(`head_sampling`); the acceptance rule is the engine's, lossless for both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import torch
+
+from speculant.attention.batch import SeqInput
+from speculant.core import Batch, DraftProposal, Request, StepResult
+from speculant.executor.plan import TARGET, ForwardPlan, Forwards, ModelSpec
+from speculant.speculative.base import Proposer, ProposerContext, choose_drafts
+
+HEAD = "head"  # the head's name in the executor
+
+
+class MtpProposer(Proposer):
+    def __init__(self, ctx: ProposerContext) -> None:
+        super().__init__(ctx)
+        self.carried: dict[str, torch.Tensor] = {}  # request id -> [V] head logits for the next draft
+        self.state: dict[str, torch.Tensor] = {}  # request id -> [hidden] head output at that entry
+        self._drafts: torch.Tensor | None = None  # [B, k_max] the step's proposal (device)
+
+    def model_specs(self) -> list[ModelSpec]:
+        from speculant.loader.head_file import default_head
+
+        head, checkpoint = self.ctx.speculative.head, self.ctx.draft_checkpoint
+        if head.path is not None or checkpoint is not None:
+            path = head.path or "<in memory>"
+        else:
+            path = str(default_head(self.ctx.model.model))
+        config = dataclasses.replace(self.ctx.model, model=path)
+        return [ModelSpec(HEAD, config, checkpoint, head_of=TARGET)]
+
+    def memory_bytes(self, max_num_seqs: int) -> dict[str, int]:
+        """Carried logits [B, V] fp32; sampled drafts' probabilities [B, k, V] fp32."""
+        row = self.ctx.target_arch.vocab_size * 4
+        sampled = self.ctx.speculative.head.sampling == "sample"
+        k = self.ctx.speculative.num_draft_tokens
+        return {"draft_logits": max_num_seqs * row, "draft_probs": max_num_seqs * k * row if sampled else 0}
+
+    def draft_forwards(self, ks) -> int:
+        """The first draft comes from carried logits: max(k) - 1 head forwards."""
+        return max(0, max(ks, default=0) - 1)
+
+    def release(self, request: Request) -> None:
+        super().release(request)
+        self.carried.pop(request.request_id, None)
+        self.state.pop(request.request_id, None)
+
+    # ---- after every target forward ---------------------------------------------------------------
+
+    def launch(self, result: StepResult) -> Forwards[None]:
+        """The head over the target forward's rows, with the target's states; no host reads."""
+        device = result.hidden_states.device
+        if result.speculative:
+            tokens, logits_mode = self._verified_inputs(result), "all"
+            last = torch.tensor(result.row_offsets[:-1], device=device) + result.num_accepted  # [B]
+        else:
+            tokens, logits_mode = self._chunk_inputs(result), "last"
+            last = None
+        inputs = [
+            SeqInput([0] * (result.row_offsets[b + 1] - result.row_offsets[b]), result.kv_starts[b], self.pages.table(r.request_id), logits=logits_mode)
+            for b, r in enumerate(result.requests)
+        ]
+        out = yield ForwardPlan(HEAD, inputs, input_ids=tokens, hidden_states=result.hidden_states)
+        if last is None:  # one logits row per sequence, at its last row
+            last = torch.tensor(result.row_offsets[1:], device=device) - 1
+            logits = out.logits
+        else:
+            logits = out.logits.index_select(0, last)
+        states = out.hidden.index_select(0, last)
+        for b, r in enumerate(result.requests):
+            self.carried[r.request_id], self.state[r.request_id] = logits[b], states[b]
+
+    def _chunk_inputs(self, result: StepResult) -> torch.Tensor:
+        """[T] each row's next token: the request's own, or the step's sample after its last."""
+        host, sampled_rows, sampled_seqs = [], [], []
+        for b, r in enumerate(result.requests):
+            start, n = result.kv_starts[b], result.row_offsets[b + 1] - result.row_offsets[b]
+            end = start + n  # the token after the chunk: a prompt token, or this step's sample
+            host += r.token_slice(start + 1, min(end + 1, r.num_tokens))
+            if end >= r.num_tokens:
+                sampled_rows.append(len(host))
+                sampled_seqs.append(b)
+                host.append(0)
+        device = result.hidden_states.device
+        tokens = torch.tensor(host, dtype=torch.int64).to(device, non_blocking=True)
+        if sampled_rows:
+            picked = result.bonus_token_ids.index_select(0, torch.tensor(sampled_seqs, device=device))
+            tokens.index_copy_(0, torch.tensor(sampled_rows, device=device), picked.clamp(min=0))
+        return tokens
+
+    def _verified_inputs(self, result: StepResult) -> torch.Tensor:
+        """[T] row j of sequence b: draft j+1 while accepted, the bonus token from the first
+        rejected slot on (junk there, overwritten next step)."""
+        drafts = self._drafts  # [B, k_max]
+        b_count, k_max = drafts.shape
+        slot = torch.arange(k_max + 1, device=drafts.device)  # [k_max + 1]
+        padded = torch.cat([drafts.clamp(min=0), torch.zeros(b_count, 1, dtype=drafts.dtype, device=drafts.device)], 1)
+        grid = torch.where(slot < result.num_accepted[:, None], padded, result.bonus_token_ids[:, None])
+        flat = [b * (k_max + 1) + j for b in range(b_count) for j in range(result.row_offsets[b + 1] - result.row_offsets[b])]
+        return grid.reshape(-1).index_select(0, torch.tensor(flat, device=drafts.device))
+
+    # ---- drafting -------------------------------------------------------------------------------
+
+    def propose(self, batch: Batch) -> Forwards[DraftProposal]:
+        start = time.perf_counter()
+        requests = batch.requests
+        ks = [self.step_k(r) for r in requests]
+        k_max = max(ks)
+        logits = torch.stack([self.carried[r.request_id] for r in requests])  # [B, V]
+        state = torch.stack([self.state[r.request_id] for r in requests])  # [B, hidden]
+        device = logits.device
+        tokens = torch.full((len(requests), k_max), -1, dtype=torch.int64, device=device)
+        sampled = self.ctx.speculative.head.sampling == "sample"
+        probs = torch.zeros(len(requests), k_max, logits.shape[-1], device=device) if sampled else None
+        for j in range(k_max):
+            rows = [b for b, k in enumerate(ks) if k > j]
+            drafted, q = choose_drafts(logits[rows], [requests[b] for b in rows], sampled, self.ctx.generator)
+            index = torch.tensor(rows, device=device)
+            tokens[:, j].index_copy_(0, index, drafted)
+            if q is not None:
+                probs[:, j].index_copy_(0, index, q)
+            feed = [i for i, b in enumerate(rows) if ks[b] > j + 1]  # the last draft is not fed
+            if feed:
+                fed = [rows[i] for i in feed]
+                inputs = [SeqInput([0], requests[b].num_tokens - 1 + j, self.pages.table(requests[b].request_id)) for b in fed]
+                fed_index = torch.tensor(fed, device=device)
+                plan = ForwardPlan(HEAD, inputs, input_ids=drafted[feed], hidden_states=state.index_select(0, fed_index))
+                out = yield plan
+                logits.index_copy_(0, fed_index, out.logits)
+                state.index_copy_(0, fed_index, out.hidden)
+        self._drafts = tokens
+        if self.adaptive is not None:
+            self.adaptive.record_draft_time(time.perf_counter() - start, self.draft_forwards(ks))
+        return DraftProposal(token_ids=tokens, num_drafts=ks, draft_probs=probs)

@@ -1,0 +1,125 @@
+"""MTP speculation with a draft head: lossless under greedy decoding for any batch and k, the
+head's alignment (shift by one), and no host read between the verify forward and the head run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from testkit import TinyCheckpoint, fit_head, tiny_hf_model, tiny_llm
+
+from speculant import SamplingParams
+from speculant.engine.memory import tensor_bytes
+from speculant.executor.plan import TARGET
+from speculant.utils import sync
+
+GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+PROMPTS = [[5, 6, 7, 8, 9], list(range(10, 40)), [3], list(range(50, 61)), [9, 9, 9, 9], list(range(100, 117)), [7, 1], list(range(60, 68))]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_hf_model("llama")
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(target):
+    return [o.token_ids for o in tiny_llm(target).generate(PROMPTS, GREEDY)]
+
+
+@pytest.fixture(scope="module")
+def head(target, plain_outputs):
+    """A head fitted on the target's own greedy continuations of half the prompts."""
+    sequences = [p + o for p, o in zip(PROMPTS[::2], plain_outputs[::2])]
+    return fit_head(target, sequences, steps=150)
+
+
+def mtp_llm(target, head, **options):
+    return tiny_llm(target, speculative="mtp", draft_checkpoint=head, **options)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+@pytest.mark.parametrize("batch_size", [1, 3, 8])
+def test_mtp_greedy_equals_plain(target, head, plain_outputs, k, batch_size):
+    llm = mtp_llm(target, head, num_draft_tokens=k)
+    outs = llm.generate(PROMPTS[:batch_size], GREEDY)
+    assert [o.token_ids for o in outs] == plain_outputs[:batch_size]
+    stats = llm.stats()
+    assert stats["accepted_tokens"] > 0
+    if batch_size > 1:  # prompts the head was not fitted on: rejections too
+        assert stats["accepted_tokens"] < stats["draft_tokens"]
+    assert stats["kv_pages_used"] == 0
+
+
+def test_mtp_with_chunked_prefill_and_preemption(target, head, plain_outputs):
+    """Long prompts prefilled in chunks (the head follows each chunk) and a cache so small
+    that sequences are preempted and recomputed."""
+    llm = mtp_llm(target, head, num_draft_tokens=3, max_num_batched_tokens=8, num_pages=40)
+    assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == plain_outputs
+    assert llm.stats()["kv_pages_used"] == 0
+
+
+def test_head_overfit_on_a_sequence_predicts_it(target):
+    """Shift by one: a head fitted on one greedy continuation drafts it exactly (k = 1: each
+    draft comes from the head run over the target's own states)."""
+    prompt = [11, 12, 13]
+    out = tiny_llm(target).generate([prompt], SamplingParams(max_tokens=30, temperature=0, ignore_eos=True))[0]
+    head = fit_head(target, [prompt + out.token_ids], steps=300)
+    llm = mtp_llm(target, head, num_draft_tokens=1)
+    again = llm.generate([prompt], SamplingParams(max_tokens=30, temperature=0, ignore_eos=True))[0]
+    assert again.token_ids == out.token_ids
+    assert llm.stats()["acceptance_rate"] == 1.0
+
+
+def test_reduced_vocabulary_head_stays_lossless(target, plain_outputs):
+    sequences = [p + o for p, o in zip(PROMPTS[::2], plain_outputs[::2])]
+    kept = torch.tensor(sorted({t for s in sequences for t in s}))
+    head = fit_head(target, sequences, steps=100, vocab_map=kept)
+    llm = mtp_llm(target, head, num_draft_tokens=3)
+    assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == plain_outputs
+    assert llm.stats()["accepted_tokens"] > 0
+
+
+def test_head_shares_the_targets_tensors(target, head):
+    llm = mtp_llm(target, head)
+    executor = llm.engine.executor
+    assert executor.runner("head").model.lm_head_weight.data_ptr() == executor.runner(TARGET).model.lm_head.weight.data_ptr()
+    plan, head_model = llm.engine.memory, executor.runner("head").model
+    # the head reaches the target's tensors; the plan counts them once, as the target's
+    assert plan.target_weights + plan.draft_weights == tensor_bytes(head_model)
+
+
+def test_no_host_read_between_verify_and_the_head_run(target, head, monkeypatch):
+    """Host reads of a decode step, counted as an accelerator would pay them (CPU tensors
+    included): none between the target's verify forward and launching the head over it."""
+    llm = mtp_llm(target, head, num_draft_tokens=3)
+    engine, marks = llm.engine, {}
+    run, launch = engine.executor.run, engine.proposer.launch
+
+    def run_counting(plan):
+        out = run(plan)
+        if plan.model == TARGET:
+            marks["after_target"] = sync.host_reads()
+        return out
+
+    def launch_counting(result):
+        marks["at_launch"] = sync.host_reads()
+        return launch(result)
+
+    monkeypatch.setattr(engine.executor, "run", run_counting)
+    monkeypatch.setattr(engine.proposer, "launch", launch_counting)
+    engine.add_request(PROMPTS[1], GREEDY)
+    engine.step()  # prefill
+    with sync.counting_cpu_reads():
+        before = sync.host_reads()
+        engine.step()
+        total = sync.host_reads() - before
+    assert engine.stats.spec_stats.draft_steps == 1
+    assert marks["at_launch"] == marks["after_target"]
+    assert total == 4  # the drafts (to plan the verify), then accepted/emitted counts and tokens
+
+
+def test_a_head_for_another_target_is_refused(target, head):
+    other = tiny_hf_model("llama", seed=3)
+    with pytest.raises(Exception, match="trained for target"):
+        tiny_llm(other, speculative="mtp", draft_checkpoint=head)
+    assert TinyCheckpoint  # the tiny target's sha256 is of its tensors
