@@ -91,10 +91,15 @@ def first_acceptance_rates(models, params: SamplingParams, draft_sampling: str, 
 
 def sample_spec(models, params: SamplingParams, draft_sampling: str, **llm_options) -> SpecRun:
     target, draft = models
-    llm = tiny_llm(
-        target, draft, num_draft_tokens=NUM_DRAFTS, draft_sampling=draft_sampling, seed=11,
-        num_pages=4096, max_num_seqs=1024, max_num_batched_tokens=8192, **llm_options,
-    )
+    llm = tiny_llm(target, draft, draft_sampling=draft_sampling, **SAMPLING_ENGINE, **llm_options)
+    return run_samples(llm, params)
+
+
+SAMPLING_ENGINE = dict(num_draft_tokens=NUM_DRAFTS, seed=11, num_pages=4096, max_num_seqs=1024, max_num_batched_tokens=8192)
+
+
+def run_samples(llm, params: SamplingParams) -> SpecRun:
+    """NUM_SAMPLES generations of PROMPT, observing every speculative step."""
     engine, requests, run = llm.engine, [], SpecRun(torch.empty(0))
     while len(requests) < NUM_SAMPLES or engine.has_unfinished():
         room = engine.config.scheduler.max_waiting - len(engine.scheduler.waiting)

@@ -1,0 +1,58 @@
+"""MTP speculative sampling reproduces the target's own distribution (joints of the first
+tokens and the bonus tokens, as in test_spec_sampling), and a broken rule is caught."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_spec_sampling import (
+    ALPHA,
+    NUM_DRAFTS,
+    PROMPT,
+    SAMPLING_ENGINE,
+    TINY,
+    VOCAB,
+    _always_accept,
+    bonus_pvalue,
+    exact_joints,
+    run_samples,
+)
+from testkit import chi_square_pvalue, fit_head, tiny_hf_model, tiny_llm
+
+import speculant.engine.engine as engine_module
+from speculant import SamplingParams
+
+PARAMS = SamplingParams(max_tokens=NUM_DRAFTS + 2, temperature=0.8, top_k=12, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def mtp_models():
+    """The sampling test's target with a head fitted on a few of its own greedy continuations."""
+    target = tiny_hf_model("llama", seed=1, **TINY)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(2.5)  # as test_spec_sampling's target
+    plain = tiny_llm(target).generate([PROMPT, [4, 4], [9, 8, 7]], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
+    head = fit_head(target, [p + o.token_ids for p, o in zip([PROMPT, [4, 4], [9, 8, 7]], plain)], steps=100)
+    return target, head
+
+
+def mtp_p_values(mtp_models) -> dict[str, float]:
+    target, head = mtp_models
+    llm = tiny_llm(target, speculative="mtp", draft_checkpoint=head, head_sampling="sample", **SAMPLING_ENGINE)
+    run = run_samples(llm, PARAMS)
+    x = run.tokens
+    pairs = [x[:, 0] * VOCAB + x[:, 1], x[:, 1] * VOCAB + x[:, 2], x[:, 2] * VOCAB + x[:, 3]]
+    out = {f"x{i + 1}x{i + 2}": chi_square_pvalue(c, j) for i, (c, j) in enumerate(zip(pairs, exact_joints(target, PARAMS)))}
+    out["bonus"] = bonus_pvalue(target, PARAMS, run.bonuses)
+    return out
+
+
+def test_mtp_sampling_matches_target(mtp_models):
+    out = mtp_p_values(mtp_models)
+    assert min(out.values()) > ALPHA, out
+
+
+def test_mtp_broken_acceptance_rule_is_detected(mtp_models, monkeypatch):
+    monkeypatch.setattr(engine_module, "accept_drafts", _always_accept)
+    out = mtp_p_values(mtp_models)
+    assert min(out["x1x2"], out["x2x3"]) < 1e-9, out
