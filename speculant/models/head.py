@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from speculant.config import ArchConfig
-from speculant.layers.linear import DenseLinear, make_linear
+from speculant.layers.linear import DenseLinear, linear, make_linear
 from speculant.layers.rotary import RotaryEmbedding
 from speculant.models.base import CausalLM, ForwardContext
 from speculant.models.llama import Attend, LayerWeights, decoder_layer
@@ -191,7 +191,8 @@ class DraftHead(CausalLM):
             return self.target.lm_head(self.final_norm(hidden)).float()
         if self.lm_head_weight is None:  # a quantized lm_head: score every row, keep the map's
             scores = self.target.lm_head(self.final_norm(hidden)).float().index_select(1, self.vocab_map)
-        else:
-            scores = head_logits(self.arch, self.modules, hidden, self.lm_head_weight, self.vocab_map).float()
+        else:  # the map's rows of the shared lm_head, gathered per call: no lasting copy
+            rows = self.lm_head_weight.index_select(0, self.vocab_map)  # [Nk, hidden]
+            scores = linear(self.final_norm(hidden), rows).float()
         logits = scores.new_full((hidden.shape[0], self.arch.vocab_size), float("-inf"))
         return logits.index_copy_(1, self.vocab_map, scores)
