@@ -123,3 +123,34 @@ def test_a_head_for_another_target_is_refused(target, head):
     with pytest.raises(Exception, match="trained for target"):
         tiny_llm(other, speculative="mtp", draft_checkpoint=head)
     assert TinyCheckpoint  # the tiny target's sha256 is of its tensors
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_no_sync_from_verify_to_head_launch_on_cuda(target, head, monkeypatch):
+    """On CUDA, from the end of the target's verify forward to the head run launched over it,
+    nothing synchronises with the host (`set_sync_debug_mode("error")` raises on a sync)."""
+    llm = mtp_llm(target, head, num_draft_tokens=3, device="cuda")
+    engine = llm.engine
+    run, launch, windows = engine.executor.run, engine.proposer.launch, []
+
+    def run_then_watch(plan):
+        out = run(plan)
+        if plan.model == TARGET and engine.scheduler.running and engine.stats.spec_stats.draft_steps >= 0:
+            torch.cuda.set_sync_debug_mode("error")  # until the head's launch returns
+            windows.append(plan)
+        return out
+
+    def launch_then_stop(result):
+        yield from launch(result)
+        torch.cuda.set_sync_debug_mode("default")
+
+    monkeypatch.setattr(engine.executor, "run", run_then_watch)
+    monkeypatch.setattr(engine.proposer, "launch", launch_then_stop)
+    try:
+        engine.add_request(PROMPTS[1], GREEDY)
+        for _ in range(3):
+            engine.step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert windows and engine.stats.spec_stats.draft_steps >= 1
