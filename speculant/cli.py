@@ -108,7 +108,7 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     from speculant.bench.command import parse_batch_sizes, parse_methods
 
     p.add_argument("--dataset", default=None, help="JSONL: MT-bench/Spec-Bench turns, {\"prompt\": ...} or HumanEval (.jsonl.gz too); default: MT-bench under $SPECULANT_DATA or ../shared/data")
-    p.add_argument("--methods", type=_checked(parse_methods), default=("none", "ngram"), help="comma-separated speculation methods (none always runs, as the reference)")
+    p.add_argument("--methods", type=_checked(parse_methods), default=("none", "ngram"), help="comma-separated speculation methods, each with optional engine options: mtp:k=2:head=PATH (none always runs, as the reference)")
     p.add_argument("--num-prompts", type=int, default=20, help="items, taken round-robin over categories")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--batch-sizes", type=_checked(parse_batch_sizes), default=(1, 16), help="comma-separated, e.g. 1,16")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import pathlib
 import sys
 import time
@@ -30,15 +31,41 @@ class BenchOptions:
     progress: bool = True
 
 
+_ALIASES = {"k": "num_draft_tokens"}
+
+
 def parse_methods(text: str) -> tuple[str, ...]:
-    """`none,ngram,draft` checked against the proposer registry; `none` always runs first."""
+    """`none,ngram,mtp:k=2,mtp:k=3:head=PATH`: each a registry method, optionally with engine
+    options after colons (`k` is num_draft_tokens); `none` always runs first. Each spec is also
+    its label in the results."""
+    methods = [m.strip() for m in text.split(",") if m.strip()]
+    if not methods:
+        raise ValueError(f"--methods: expected comma-separated methods, got {text!r}")
+    for m in methods:
+        method_options(m)  # raises on a bad method or option
+    return tuple(dict.fromkeys(["none"] + methods))
+
+
+def method_options(spec: str) -> dict:
+    """Engine options of one method spec: {"speculative": name, option: value, ...}."""
+    from speculant.config_options import engine_options
     from speculant.speculative.registry import available_methods
 
-    methods = [m.strip() for m in text.split(",") if m.strip()]
-    bad = [m for m in methods if m not in available_methods()]
-    if not methods or bad:
-        raise ValueError(f"--methods: each must be one of {available_methods()}, got {bad or text!r}")
-    return tuple(dict.fromkeys(["none"] + methods))
+    name, *pairs = spec.split(":")
+    if name not in available_methods():
+        raise ValueError(f"--methods: each must be one of {available_methods()} (with :option=value), got {name!r}")
+    options, known = {"speculative": name}, {o.name: o for o in engine_options()}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key = _ALIASES.get(key, key)
+        if not sep or key not in known:
+            raise ValueError(f"--methods: {spec!r}: expected option=value with an engine option (or k), got {pair!r}")
+        option = known[key]
+        try:
+            options[key] = value.lower() in ("1", "true", "yes") if option.is_flag else option.parse_cli(value)
+        except (argparse.ArgumentTypeError, ValueError) as exc:
+            raise ValueError(f"--methods: {spec!r}: {key}: {exc}") from None
+    return options
 
 
 def parse_batch_sizes(text: str) -> tuple[int, ...]:
@@ -59,14 +86,15 @@ def run_bench(base: EngineConfig, opts: BenchOptions, checkpoint=None, draft_che
     path = pathlib.Path(opts.dataset) if opts.dataset else default_dataset()
     items = select(load_dataset(path), opts.num_prompts)
     checkpoint = checkpoint or load_checkpoint(base.model.model)
-    if "draft" in opts.methods and base.speculative.draft.model is None:
+    configs = {m: build_engine_config(method_options(m), base) for m in opts.methods}
+    drafts = {c.speculative.draft.model for c in configs.values() if c.speculative.method == "draft"}
+    if None in drafts:
         raise ValueError("--methods includes draft: give the draft model with --draft-model")
-    if "draft" in opts.methods and draft_checkpoint is None:
-        draft_checkpoint = load_checkpoint(base.speculative.draft.model)
+    if drafts and draft_checkpoint is None and len(drafts) == 1:
+        draft_checkpoint = load_checkpoint(drafts.pop())
     llms = {
-        m: LLM(config=build_engine_config({"speculative": m}, base), checkpoint=checkpoint,
-               draft_checkpoint=draft_checkpoint if m == "draft" else None)
-        for m in opts.methods
+        m: LLM(config=c, checkpoint=checkpoint, draft_checkpoint=draft_checkpoint if c.speculative.method == "draft" else None)
+        for m, c in configs.items()
     }
     params = SamplingParams(max_tokens=opts.max_tokens, temperature=opts.temperature, seed=opts.seed if opts.temperature > 0 else None)
     start = time.perf_counter()

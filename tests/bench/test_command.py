@@ -93,3 +93,21 @@ def test_peers_run_on_the_same_weights(tmp_path, tiny_checkpoint):
         assert r["output_tokens"] > 0 and r["speedup"] is not None
         if r["method"] != "none":
             assert isinstance(r["same_tokens"], bool) and r["tau"] is None
+
+
+def test_method_specs_carry_engine_options(tmp_path, tiny_checkpoint):
+    from speculant.bench.command import method_options, parse_methods
+
+    assert parse_methods("ngram:k=2,ngram:k=5:ngram_max_n=2") == ("none", "ngram:k=2", "ngram:k=5:ngram_max_n=2")
+    assert method_options("ngram:k=5:ngram_max_n=2") == {"speculative": "ngram", "num_draft_tokens": 5, "ngram_max_n": 2}
+    assert method_options("ngram:adaptive_k=true")["adaptive_k"] is True
+    with pytest.raises(ValueError, match="bogus"):
+        parse_methods("ngram:bogus=1")
+    with pytest.raises(ValueError, match="one of"):
+        parse_methods("nope:k=1")
+    dataset, _ = _plain(tmp_path)
+    opts = BenchOptions(methods=("none", "ngram:k=1", "ngram:k=4"), dataset=str(dataset), max_tokens=8, batch_sizes=(1,), progress=False)
+    result = run_bench(build_engine_config(BASE), opts, checkpoint=tiny_checkpoint)
+    by_method = {r["method"]: r for r in result["rows"] if r["category"] == "all"}
+    assert set(by_method) == {"none", "ngram:k=1", "ngram:k=4"}
+    assert len(by_method["ngram:k=1"]["acceptance_by_position"]) <= 1
