@@ -160,10 +160,18 @@ class NgramConfig:
 
     max_n: int = option(4, "longest suffix matched by n-gram lookup")
     min_n: int = option(1, "shortest suffix matched by n-gram lookup")
+    store_tokens: int = option(65536, "tokens of recent finished outputs kept for cross-request matching, per engine (0 disables)")
+    share_store: bool = option(
+        False,
+        "match every user's stored outputs, not only the request's own user's: faster on shared templates, "
+        "but speculation speed then depends on other users' text (a timing side channel)",
+    )
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_n <= self.max_n:
             raise ValueError(f"ngram_min_n and ngram_max_n must satisfy 1 <= min <= max, got {self.min_n}, {self.max_n}")
+        if self.store_tokens < 0:
+            raise ValueError(f"ngram_store_tokens must be >= 0, got {self.store_tokens}")
 
 
 @dataclass(frozen=True)

@@ -110,6 +110,7 @@ class Request:
     num_preemptions: int = 0
     error: str | None = None
     spec_stats: SpecStats = field(default_factory=SpecStats)
+    user: str | None = None  # who sent it (scopes cross-request speculation state); None: anonymous
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -26,6 +26,8 @@ class LLM:
     with their defaults. `checkpoint` / `draft_checkpoint` pass weights already in memory.
     """
 
+    user = "local"  # the offline API serves one user: its requests share cross-request state (the n-gram store)
+
     def __init__(
         self,
         model: str | None = None,
@@ -73,11 +75,11 @@ class LLM:
             item = next(pending, None)
             if item is None:
                 return
-            ids.append(self.engine.add_request(*item).request_id)
+            ids.append(self.engine.add_request(*item, user=self.user).request_id)
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[RequestOutput]:
         """Yield this request's output after every step that adds to it, the last one finished."""
-        request_id = self.engine.add_request(prompt, params).request_id
+        request_id = self.engine.add_request(prompt, params, user=self.user).request_id
         try:
             while True:
                 for out in self.engine.step():

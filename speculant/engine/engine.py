@@ -84,13 +84,16 @@ class Engine:
     # ---- requests -------------------------------------------------------------------------
 
     def add_request(
-        self, prompt: str | list[int], params: SamplingParams | None = None, request_id: str | None = None
+        self, prompt: str | list[int], params: SamplingParams | None = None, request_id: str | None = None, user: str | None = None
     ) -> Request:
+        """Queue a request. `user` scopes state shared across requests (the n-gram store); None
+        shares nothing."""
         params = params or SamplingParams()
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         request = self.check_request(prompt, params, request_id)
+        request.user = user
         if params.seed is not None:
             request.generator = torch.Generator().manual_seed(params.seed)
         self.scheduler.add(request)

@@ -10,6 +10,7 @@ Prompts are tokenized in the `PromptEncoder`'s threads; the engine thread only a
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -72,7 +73,7 @@ def create_app(
     record_error = async_engine.metrics.record_error
     install_error_handlers(app, record_error)
     _add_middleware(app, options, record_error)
-    api = _Handlers(async_engine, model_name, encoder)
+    api = _Handlers(async_engine, model_name, encoder, options.api_key)
     app.get("/v1/models")(api.models)
     app.get("/health")(api.health)
     app.get("/metrics")(api.metrics)
@@ -102,8 +103,10 @@ def _add_middleware(app: FastAPI, options: ServerOptions, record_error) -> None:
 
 
 class _Handlers:
-    def __init__(self, async_engine: AsyncEngine, model_name: str, encoder: PromptEncoder) -> None:
+    def __init__(self, async_engine: AsyncEngine, model_name: str, encoder: PromptEncoder, api_key: str | None = None) -> None:
         self.async_engine = async_engine
+        # requests without a `user` are scoped by the API key they passed (the only key there is)
+        self.key_scope = "key:" + hashlib.sha256(api_key.encode()).hexdigest()[:16] if api_key else None
         self.encoder = encoder
         self.model_name = model_name
         self.created = int(time.time())
@@ -195,7 +198,8 @@ class _Handlers:
         prompt_field: str,
     ) -> Response:
         try:
-            stream = await self.async_engine.submit(formatter.request_id, prompt_ids, params)
+            user = f"user:{body.user}" if body.user else self.key_scope
+            stream = await self.async_engine.submit(formatter.request_id, prompt_ids, params, user)
         except Exception as exc:
             raise from_engine_error(exc, _SAMPLING_FIELDS, prompt_field) from None
         if body.stream:

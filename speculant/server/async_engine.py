@@ -40,6 +40,7 @@ class _Add:
     prompt_ids: list[int]
     params: SamplingParams
     stream: RequestStream
+    user: str | None = None
     admitted: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     submitted_at: float = field(default_factory=time.perf_counter)
 
@@ -97,13 +98,14 @@ class AsyncEngine:
         return bool(self._streams) and self._thread is not None and self._thread.is_alive()
 
     async def submit(
-        self, request_id: str, prompt_ids: list[int], params: SamplingParams
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams, user: str | None = None
     ) -> RequestStream:
-        """Admit a request. Raises ValueError (bad input), QueueFull, ShuttingDown."""
+        """Admit a request (`user` scopes cross-request state). Raises ValueError (bad input),
+        QueueFull, ShuttingDown."""
         if not self.accepting or self._thread is None:
             raise ShuttingDown("the server is shutting down")
         stream = RequestStream(request_id)
-        command = _Add(request_id, prompt_ids, params, stream)
+        command = _Add(request_id, prompt_ids, params, stream, user)
         self._send(command)
         await asyncio.wrap_future(command.admitted)
         return stream
@@ -194,7 +196,7 @@ class AsyncEngine:
         if not command.admitted.set_running_or_notify_cancel():
             return  # the client left before its request reached the engine
         try:
-            self.engine.add_request(command.prompt_ids, command.params, command.request_id)
+            self.engine.add_request(command.prompt_ids, command.params, command.request_id, command.user)
         except Exception as exc:  # ValueError, QueueFull: the handler turns them into 4xx
             command.admitted.set_exception(exc)
             return

@@ -2,16 +2,20 @@
 n tokens (n from `ngram.max_n` down to `ngram.min_n`). No model, no KV: the draft is one-hot.
 
 Each request keeps an `NgramIndex` that is fed only the tokens added since its last step, so a
-step costs O(new tokens x n-gram sizes), not a rescan of the whole sequence.
+step costs O(new tokens x n-gram sizes), not a rescan of the whole sequence. Finished outputs go
+to a bounded cross-request `SuffixStore`, scoped per user (`Request.user`; requests without one
+use none), and a request drafts from whichever matches a longer suffix: its own tokens or its
+user's stored outputs.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from speculant.core import Batch, DraftProposal, Request
+from speculant.core import Batch, DraftProposal, Request, RequestStatus
 from speculant.executor.plan import Forwards
 from speculant.speculative.base import Proposer, ProposerContext, pad_proposals
+from speculant.speculative.suffix_store import SuffixStore
 
 
 class NgramIndex:
@@ -33,15 +37,19 @@ class NgramIndex:
     def continuation(self, k: int) -> list[int]:
         """Up to k tokens that followed the latest earlier occurrence of the longest matching
         suffix; [] when nothing matches (same result as `ngram_continuation`)."""
+        return self.match(k)[0]
+
+    def match(self, k: int) -> tuple[list[int], int]:
+        """(continuation, n): `continuation(k)` and the length of the suffix that matched (0: none)."""
         if k <= 0:
-            return []
+            return [], 0
         self._catch_up()
         length = len(self.tokens)
         for n in range(min(self.max_n, length - 1), self.min_n - 1, -1):
             start = self._latest.get(tuple(self.tokens[length - n :]))
             if start is not None:
-                return self.tokens[start + n : start + n + k]
-        return []
+                return self.tokens[start + n : start + n + k], n
+        return [], 0
 
     def _catch_up(self) -> None:
         """Index the n-grams ending at positions up to (excluding) the last token."""
@@ -52,15 +60,37 @@ class NgramIndex:
         self._indexed_end = max(self._indexed_end, end)
 
 
+SHARED_SCOPE = "*"  # every user's outputs in one scope (ngram_share_store)
+
+
 class NgramProposer(Proposer):
     def __init__(self, ctx: ProposerContext) -> None:
         super().__init__(ctx)
         self._indexes: dict[str, NgramIndex] = {}  # per running request
+        ngram = ctx.speculative.ngram
+        self.store = SuffixStore(ngram.store_tokens, ngram.min_n, ngram.max_n) if ngram.store_tokens else None
 
     def propose(self, batch: Batch) -> Forwards[DraftProposal]:
-        drafts = [self._index(r).continuation(self.step_k(r)) for r in batch.requests]
+        drafts = [self._draft(r, self.step_k(r)) for r in batch.requests]
         yield from ()  # a lookup, no model forward
         return pad_proposals(drafts)
+
+    def _draft(self, request: Request, k: int) -> list[int]:
+        """The longer match of the request's own tokens and its scope's stored outputs (own on a tie)."""
+        index = self._index(request)
+        own, n = index.match(k)
+        scope = self._scope(request)
+        if self.store is not None and scope is not None and k > 0:
+            found = self.store.lookup(scope, index.tokens[-self.store.max_n :], k)
+            if found is not None and found.match_len > n and found.tokens:
+                return found.tokens
+        return own
+
+    def _scope(self, request: Request) -> str | None:
+        """Whose stored outputs the request may match: its user's (None: nobody's), or everyone's."""
+        if self.ctx.speculative.ngram.share_store:
+            return SHARED_SCOPE
+        return request.user
 
     def _index(self, request: Request) -> NgramIndex:
         index = self._indexes.get(request.request_id)
@@ -73,6 +103,13 @@ class NgramProposer(Proposer):
     def release(self, request: Request) -> None:
         super().release(request)
         self._indexes.pop(request.request_id, None)
+        scope = self._scope(request)
+        if self.store is not None and scope is not None and request.status in _COMPLETED:
+            context = request.prompt_token_ids[-self.store.max_n :]
+            self.store.add(scope, context + request.output_token_ids)
+
+
+_COMPLETED = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH)
 
 
 def ngram_continuation(tokens: np.ndarray, k: int, n_min: int, n_max: int) -> list[int]:
