@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from speculant.sampling.params import SamplingParams
+from speculant.sampling.rng import PositionNoise
 
 
 class RequestStatus(enum.Enum):
@@ -103,7 +104,7 @@ class Request:
     output_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
-    generator: torch.Generator | None = None
+    noise: PositionNoise | None = None  # a seeded request's position-keyed randomness
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     finish_time: float | None = None

@@ -35,6 +35,7 @@ from speculant.executor.plan import TARGET, ForwardPlan
 from speculant.kv_cache.allocator import PageAllocator, PageTables
 from speculant.sampling.acceptance import accept_drafts, pad_ragged
 from speculant.sampling.params import SamplingParams
+from speculant.sampling.rng import PositionNoise
 from speculant.sampling.sampler import (
     processed_probs,
     sample_logits,
@@ -95,7 +96,7 @@ class Engine:
         request = self.check_request(prompt, params, request_id)
         request.user = user
         if params.seed is not None:
-            request.generator = torch.Generator().manual_seed(params.seed)
+            request.noise = PositionNoise(params.seed)
         self.scheduler.add(request)
         self.requests[request_id] = request
         return request
@@ -213,7 +214,8 @@ class Engine:
 
     def _sample(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         st = self.rows.tensors(requests)
-        return sample_logits(logits, st, [r.generator for r in requests], self.generator)
+        generators = [r.noise.generator(r.num_tokens) if r.noise else None for r in requests]  # the sampled token's position
+        return sample_logits(logits, st, generators, self.generator)
 
     def _verify_and_accept(self, batch: Batch, proposal: DraftProposal) -> tuple[StepOutput, StepResult]:
         drafts = to_list(proposal.token_ids)
@@ -231,7 +233,7 @@ class Engine:
         target_probs = self._padded_target_probs(batch, proposal, logits)
         result = accept_drafts(
             proposal.token_ids, torch.tensor(proposal.num_drafts), proposal.draft_probs, target_probs,
-            [r.generator for r in batch.requests], self.generator,
+            [r.noise for r in batch.requests], [r.num_tokens for r in batch.requests], self.generator,
         )
         offsets = _offsets([k + 1 for k in proposal.num_drafts])
         bonus = result.token_ids.gather(1, result.num_accepted[:, None])[:, 0]  # [B]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from speculant.sampling.rng import row_uniforms, sample_from_weights
+from speculant.sampling.rng import PositionNoise, row_uniforms, sample_from_weights
 
 
 @dataclass
@@ -35,27 +35,47 @@ def accept_drafts(
     num_draft: torch.Tensor,  # [B] int64, k_b
     draft_probs: torch.Tensor | None,  # [B, k_max, V] q_i; None: q_i one-hot at the draft
     target_probs: torch.Tensor,  # [B, k_max + 1, V] processed p_i; rows past k_b are padding
-    generators: Sequence[torch.Generator | None] | None = None,  # [B]; None: all rows default
+    noise: Sequence[PositionNoise | None] | None = None,  # [B] seeded rows' noise; None: unseeded
+    positions: Sequence[int] | None = None,  # [B] sequence position of each row's first draft
     default_generator: torch.Generator | None = None,
 ) -> AcceptResult:
     """Verify a batch of draft chains; exact for any draft distribution (one-hot included).
 
-    Randomness per row with its own generator: k_b acceptance uniforms, then V exponentials for
-    the recovered/bonus draw; so a seeded row's result depends on nothing else in the batch.
+    Unseeded rows follow the rule above with the default generator. A seeded row (its
+    `PositionNoise`) instead emits the target's own sample at each position, the exponential
+    race argmax(p_i / E_i) with the noise E_i keyed to that position, and accepts a draft iff it
+    equals that sample: exactly the tokens plain decoding draws for the request, whatever the
+    drafts; a one-hot draft is accepted with probability p(d), as under the rule above.
     A drafted token with q(d) = 0 (inconsistent input) is accepted iff p(d) > 0.
     """
     num_rows = draft_token_ids.shape[0]
-    generators = [None] * num_rows if generators is None else generators
     num_draft = num_draft.to(draft_token_ids.device, torch.int64)
-    num_accepted = _count_accepted(
-        draft_token_ids, num_draft, draft_probs, target_probs, generators, default_generator
-    )
+    num_accepted = _count_accepted(draft_token_ids, num_draft, draft_probs, target_probs, default_generator)
     weights = _final_weights(draft_token_ids, num_draft, draft_probs, target_probs, num_accepted)
-    final = sample_from_weights(weights, generators, default_generator)
+    final = sample_from_weights(weights, None, default_generator)
+    keyed = [b for b in range(num_rows) if noise is not None and noise[b] is not None]
+    if keyed:
+        own_accepted, own_final = _keyed_samples(draft_token_ids, num_draft, target_probs, noise, positions, keyed)
+        rows = torch.tensor(keyed, device=draft_token_ids.device)
+        num_accepted = num_accepted.index_copy(0, rows, own_accepted)
+        final = final.index_copy(0, rows, own_final)
     token_ids = _emitted_tokens(draft_token_ids, num_accepted, final)
-    return AcceptResult(
-        token_ids=token_ids, num_emitted=num_accepted + 1, num_accepted=num_accepted
-    )
+    return AcceptResult(token_ids=token_ids, num_emitted=num_accepted + 1, num_accepted=num_accepted)
+
+
+def _keyed_samples(draft_token_ids, num_draft, target_probs, noise, positions, keyed: list[int]):
+    """(num_accepted [R], final [R]) of the seeded rows `keyed`: the target's keyed samples
+    t_i = argmax(p_i / E_i), drafts accepted while they equal them, then t at the first miss."""
+    width, vocab = target_probs.shape[1], target_probs.shape[2]
+    device = target_probs.device
+    e = torch.stack([noise[b].exponentials(range(positions[b], positions[b] + width), vocab, device) for b in keyed])
+    index = torch.tensor(keyed, device=device)
+    samples = (target_probs.index_select(0, index).float() / e).argmax(-1)  # [R, k_max + 1]
+    k_max = draft_token_ids.shape[1]
+    valid = torch.arange(k_max, device=device)[None, :] < num_draft.index_select(0, index)[:, None]
+    match = (draft_token_ids.index_select(0, index) == samples[:, :k_max]) & valid
+    accepted = match.long().cumprod(-1).sum(-1)
+    return accepted, samples.gather(1, accepted[:, None])[:, 0]
 
 
 def pad_ragged(
@@ -78,7 +98,6 @@ def _count_accepted(
     num_draft: torch.Tensor,  # [B]
     draft_probs: torch.Tensor | None,  # [B, k_max, V]
     target_probs: torch.Tensor,  # [B, k_max + 1, V]
-    generators: Sequence[torch.Generator | None],
     default_generator: torch.Generator | None,
 ) -> torch.Tensor:  # [B] int64, length of the accepted prefix
     k_max = draft_token_ids.shape[1]
@@ -89,8 +108,7 @@ def _count_accepted(
         if draft_probs is None
         else draft_probs.float().gather(-1, drafts).squeeze(-1)
     )
-    counts = num_draft.tolist() if any(g is not None for g in generators) else None
-    u = row_uniforms(generators, k_max, p.device, default_generator, counts)  # [B, k_max]
+    u = row_uniforms([None] * len(p), k_max, p.device, default_generator)  # [B, k_max]
     valid = torch.arange(k_max, device=p.device)[None, :] < num_draft[:, None]
     # u < p / q without dividing: P(accept) = min(1, p / q) for u ~ U[0, 1).
     accepted = (u * q < p) & valid

@@ -1,14 +1,21 @@
-"""Per-row random draws.
+"""Per-row random draws, and the position-keyed noise of seeded requests.
 
-A row with its own generator (a request with a seed) draws only from that generator, and the
-amount it draws depends only on that row, so a seeded request yields the same tokens whatever
-else shares its batch. Rows without one share `default_generator` (or torch's global RNG).
-Each generator must belong to a single row.
+A row with its own generator draws only from that generator, and the amount it draws depends
+only on that row. Rows without one share `default_generator` (or torch's global RNG). Each
+generator must belong to a single row.
+
+A seeded request's randomness is `PositionNoise`: the noise that decides the token at sequence
+position p comes from a generator seeded with (seed, p), never from a stream consumed step by
+step. So the request's tokens do not depend on its batch, on preemption, or on how many tokens
+a speculative step verifies: speculation (any method, any k) leaves a seeded request's output
+exactly what plain decoding gives (see `speculant.sampling.acceptance`).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -40,6 +47,24 @@ def row_exponentials(
 ) -> torch.Tensor:  # [N, width], Exp(1), strictly positive
     noise = _per_row(generators, width, device, default_generator, None, _exponential)
     return noise.clamp_(min=_MIN_EXPONENTIAL)
+
+
+@dataclass(frozen=True)
+class PositionNoise:
+    """A seeded request's noise, keyed by the position of the token it decides."""
+
+    seed: int
+
+    def generator(self, position: int) -> torch.Generator:
+        """A fresh CPU generator for the token at `position` (the same every time it is asked)."""
+        key = hashlib.blake2b(f"{self.seed}:{position}".encode(), digest_size=8).digest()
+        return torch.Generator().manual_seed(int.from_bytes(key, "little"))
+
+    def exponentials(self, positions: Sequence[int], width: int, device: torch.device | str) -> torch.Tensor:
+        """[len(positions), width] Exp(1) noise, strictly positive: row i is what a sampler given
+        `generator(positions[i])` draws (`sample_from_weights`)."""
+        rows = [_exponential(torch.empty(width), self.generator(p)) for p in positions]
+        return torch.stack(rows).clamp_(min=_MIN_EXPONENTIAL).to(device, non_blocking=True)
 
 
 def sample_from_weights(
@@ -91,4 +116,4 @@ def _check_rows(generators: Sequence[torch.Generator | None], num_rows: int) -> 
         raise ValueError(f"got {len(generators)} generators for {num_rows} rows")
 
 
-__all__ = ["row_exponentials", "row_uniforms", "sample_from_weights"]
+__all__ = ["PositionNoise", "row_exponentials", "row_uniforms", "sample_from_weights"]

@@ -147,12 +147,16 @@ def choose_drafts(
     requests: list[Request],  # [N]
     sampled: bool,  # draw from the processed distribution (else the argmax, a one-hot q)
     default_generator: torch.Generator,
+    offset: int = 0,  # the drafts decide the tokens at position num_tokens + offset
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # tokens [N] int64, q [N, V] (None when greedy)
+    """A seeded request's draft uses the noise of the position it proposes for, the noise its
+    verification samples the target with: the draft is accepted whenever both agree."""
     if not sampled:
         return logits.argmax(dim=-1), None
     st = SamplingTensors.from_params([r.params for r in requests], logits.device)
     q = processed_probs(logits, st)
-    return sample(q, [r.generator for r in requests], default_generator), q
+    generators = [r.noise.generator(r.num_tokens + offset) if r.noise else None for r in requests]
+    return sample(q, generators, default_generator), q
 
 
 def pad_proposals(drafts: list[list[int]]) -> DraftProposal:

@@ -106,7 +106,7 @@ class DraftModelProposer(Proposer):
         return DraftProposal(token_ids=tokens, num_drafts=ks, draft_probs=probs)
 
     def _choose(self, logits: torch.Tensor, requests: list[Request], probs, rows: list[int], j: int) -> torch.Tensor:
-        tokens, q = choose_drafts(logits, requests, probs is not None, self.ctx.generator)
+        tokens, q = choose_drafts(logits, requests, probs is not None, self.ctx.generator, offset=j)
         if q is not None:
             probs[rows, j] = q
         return tokens

@@ -137,7 +137,7 @@ class MtpProposer(Proposer):
         probs = torch.zeros(len(requests), k_max, logits.shape[-1], device=device) if sampled else None
         for j in range(k_max):
             rows = [b for b, k in enumerate(ks) if k > j]
-            drafted, q = choose_drafts(logits[rows], [requests[b] for b in rows], sampled, self.ctx.generator)
+            drafted, q = choose_drafts(logits[rows], [requests[b] for b in rows], sampled, self.ctx.generator, offset=j)
             index = torch.tensor(rows, device=device)
             tokens[:, j].index_copy_(0, index, drafted)
             if q is not None:

@@ -14,6 +14,7 @@ from testkit import chi_square_pvalue
 
 from speculant.sampling.acceptance import accept_drafts, pad_ragged
 from speculant.sampling.params import SamplingParams
+from speculant.sampling.rng import PositionNoise, sample_from_weights
 from speculant.sampling.sampler import SamplingTensors, processed_probs
 
 ALPHA = 1e-3
@@ -156,7 +157,7 @@ def test_seeded_row_reproduces_whatever_the_batch() -> None:
     drafts = torch.randint(vocab, (1, k), generator=gen)
     q = torch.randn(1, k, vocab, generator=gen).softmax(-1)
     p = torch.randn(1, k + 1, vocab, generator=gen).softmax(-1)
-    alone = accept_drafts(drafts, torch.tensor([k]), q, p, [torch.Generator().manual_seed(9)])
+    alone = accept_drafts(drafts, torch.tensor([k]), q, p, [PositionNoise(9)], [40])
     others, k_max = 5, 6
     batch_drafts = torch.randint(vocab, (others + 1, k_max), generator=gen)
     batch_drafts[2, :k], batch_drafts[2, k:] = drafts[0], -1
@@ -165,18 +166,33 @@ def test_seeded_row_reproduces_whatever_the_batch() -> None:
     batch_p = torch.randn(others + 1, k_max + 1, vocab, generator=gen).softmax(-1)
     batch_p[2, : k + 1] = p[0]
     num_draft = torch.tensor([6, 0, k, 2, 6, 1])
-    generators = [
-        None,
-        None,
-        torch.Generator().manual_seed(9),
-        None,
-        torch.Generator().manual_seed(1),
-        None,
-    ]
+    noise = [None, None, PositionNoise(9), None, PositionNoise(1), None]
     together = accept_drafts(
-        batch_drafts, num_draft, batch_q, batch_p, generators, default_generator=gen
+        batch_drafts, num_draft, batch_q, batch_p, noise, [0, 0, 40, 0, 7, 0], default_generator=gen
     )
     assert together.tolist()[2] == alone.tolist()[0]
+
+
+def test_seeded_rows_emit_the_keyed_samples_of_plain_decoding() -> None:
+    """Whatever the drafts (right, wrong, none) a seeded row emits, position by position, the
+    token a plain sampler draws with that position's generator."""
+    gen = torch.Generator().manual_seed(8)
+    rows, k, vocab = 64, 4, 12
+    p = torch.randn(rows, k + 1, vocab, generator=gen).mul(2).softmax(-1)
+    noise, positions = [PositionNoise(s) for s in range(rows)], [3 * s for s in range(rows)]
+    plain = torch.stack([  # [rows, k + 1] what plain sampling draws at each position
+        torch.stack([sample_from_weights(p[b, i : i + 1], [noise[b].generator(positions[b] + i)])[0] for i in range(k + 1)])
+        for b in range(rows)
+    ])
+    right = torch.rand(rows, k, generator=gen) < 0.6
+    drafts = torch.where(right, plain[:, :k], torch.randint(vocab, (rows, k), generator=gen))
+    num_draft = torch.randint(0, k + 1, (rows,), generator=gen)
+    drafts = drafts.masked_fill(torch.arange(k) >= num_draft[:, None], -1)
+    result = accept_drafts(drafts, num_draft, None, p, noise, positions, default_generator=gen)
+    for b, emitted in enumerate(result.tolist()):
+        assert emitted == plain[b, : len(emitted)].tolist()
+        n = len(emitted) - 1  # accepted drafts: those equal to the keyed samples, in a row
+        assert n == int(((drafts[b] == plain[b, :k]) & (torch.arange(k) < num_draft[b])).long().cumprod(0).sum())
 
 
 def test_identical_draft_and_target_accept_everything() -> None:

@@ -1,7 +1,8 @@
 """A seeded sampling request is reproducible under speculation: its tokens are the same alone
 and inside a batch of unseeded requests, in an engine with another engine seed (so nothing of
 it may come from the engine's generator or depend on its neighbours), for draft-target with
-sampled and greedy drafts, and for n-gram."""
+sampled and greedy drafts, and for n-gram (its cross-request store on); and they are its plain
+decoding tokens, whatever k (adaptive included)."""
 
 from __future__ import annotations
 
@@ -35,8 +36,7 @@ def _llm(models, method: str, seed: int):
     options = dict(METHODS[method])
     if options.pop("speculative") == "draft":
         return tiny_llm(target, draft, num_draft_tokens=3, seed=seed, **options)
-    # without the cross-request store: its drafts depend on which neighbours finished first
-    return tiny_llm(target, speculative="ngram", num_draft_tokens=3, seed=seed, ngram_store_tokens=0)
+    return tiny_llm(target, speculative="ngram", num_draft_tokens=3, seed=seed)
 
 
 @pytest.mark.parametrize("method", list(METHODS))
@@ -48,3 +48,22 @@ def test_seeded_request_alone_equals_in_a_batch(models, method):
     assert batched.token_ids == alone.token_ids
     assert alone.stats.draft_tokens > 0 and batched.stats.draft_tokens > 0
     assert 0 < alone.stats.accepted_tokens < alone.stats.draft_tokens  # rejections happened too
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_speculation_leaves_a_seeded_request_unchanged(models, method):
+    """A seeded request's tokens are its plain-decoding tokens under any method and k (fixed,
+    then adaptive with batch-mates), the n-gram store on: each position's token is the
+    target's keyed sample, whatever was drafted."""
+    target, draft = models
+    plain = tiny_llm(target, seed=3).generate([SEEDED_PROMPT], SEEDED)[0].token_ids
+    options = dict(METHODS[method])
+    method_name = options.pop("speculative")
+    drafter = draft if method_name == "draft" else None
+    fixed = tiny_llm(target, drafter, speculative=method_name, num_draft_tokens=3, seed=4, **options)
+    out = fixed.generate([SEEDED_PROMPT], SEEDED)[0]
+    assert out.token_ids == plain
+    assert 0 < out.stats.accepted_tokens < out.stats.draft_tokens
+    adaptive = tiny_llm(target, drafter, speculative=method_name, num_draft_tokens=3, seed=5, adaptive_k=True, **options)
+    prompts, params = [SEEDED_PROMPT, *[p for p, _ in OTHERS]], [SEEDED, *[sp for _, sp in OTHERS]]
+    assert adaptive.generate(prompts, params)[0].token_ids == plain

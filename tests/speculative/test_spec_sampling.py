@@ -101,9 +101,14 @@ SAMPLING_ENGINE = dict(num_draft_tokens=NUM_DRAFTS, seed=11, num_pages=4096, max
 def run_samples(llm, params: SamplingParams) -> SpecRun:
     """NUM_SAMPLES generations of PROMPT, observing every speculative step."""
     engine, requests, run = llm.engine, [], SpecRun(torch.empty(0))
+
+    def params_of(i: int) -> SamplingParams:  # a seeded case: request i has seed + i
+        return params if params.seed is None else dataclasses.replace(params, seed=params.seed + i)
+
     while len(requests) < NUM_SAMPLES or engine.has_unfinished():
         room = engine.config.scheduler.max_waiting - len(engine.scheduler.waiting)
-        requests += [engine.add_request(PROMPT, params) for _ in range(min(room, NUM_SAMPLES - len(requests)))]
+        new = range(len(requests), len(requests) + min(room, NUM_SAMPLES - len(requests)))
+        requests += [engine.add_request(PROMPT, params_of(i)) for i in new]
         before = {r: (r.spec_stats.draft_tokens, r.spec_stats.accepted_tokens, r.num_tokens) for r in engine.scheduler.running}
         engine.step()
         for r, counters in before.items():
@@ -197,7 +202,18 @@ def test_speculative_sampling_matches_target_with_adaptive_k(models, monkeypatch
     assert min(out.values()) > ALPHA and abs(z) < MAX_Z, (out, z)
 
 
-def _always_accept(draft_token_ids, num_draft, draft_probs, target_probs, generators, default_generator):
+@pytest.mark.parametrize("draft_sampling", ["sample", "greedy"])
+def test_seeded_speculative_sampling_matches_target(models, draft_sampling):
+    """Seeded requests (each its own seed) take the keyed path: the target's own keyed samples,
+    drafts accepted when equal. Their joints and bonus tokens follow the target's law."""
+    params = SamplingParams(max_tokens=NUM_DRAFTS + 2, temperature=0.9, top_p=0.95, seed=1000, ignore_eos=True)
+    target, weak = models  # greedy: the target's own argmax drafts, so full chains are frequent
+    out = p_values((target, weak if draft_sampling == "sample" else target), params, draft_sampling)
+    out.pop("first_acceptance_z")  # sum min(p, q) is the unseeded rule's rate, not the keyed one's
+    assert min(out.values()) > ALPHA, out
+
+
+def _always_accept(draft_token_ids, num_draft, draft_probs, target_probs, noise, positions, default_generator):
     """A broken rule: every draft is accepted, the bonus drawn from the target."""
     rows = torch.arange(draft_token_ids.shape[0])
     bonus = torch.multinomial(target_probs[rows, num_draft], 1, generator=default_generator)[:, 0]
@@ -206,9 +222,9 @@ def _always_accept(draft_token_ids, num_draft, draft_probs, target_probs, genera
     return AcceptResult(token_ids=tokens, num_emitted=num_draft + 1, num_accepted=num_draft.clone())
 
 
-def _bonus_from_last_draft_position(draft_token_ids, num_draft, draft_probs, target_probs, generators, default_generator):
+def _bonus_from_last_draft_position(draft_token_ids, num_draft, draft_probs, target_probs, noise, positions, default_generator):
     """A broken bonus: after a full chain, drawn from p at the last draft's position, not after it."""
-    result = accept_drafts(draft_token_ids, num_draft, draft_probs, target_probs, generators, default_generator)
+    result = accept_drafts(draft_token_ids, num_draft, draft_probs, target_probs, noise, positions, default_generator)
     for b in torch.nonzero((result.num_accepted == num_draft) & (num_draft > 0))[:, 0].tolist():
         k = int(num_draft[b])
         result.token_ids[b, k] = torch.multinomial(target_probs[b, k - 1], 1, generator=default_generator)[0]
