@@ -71,18 +71,27 @@ class TorchAttention(AttentionBackend):
     def forward(self, q, k, v, k_cache, v_cache, meta: TorchAttentionMeta, scale: float) -> torch.Tensor:
         k_cache.index_copy_(0, meta.slot_mapping, k)
         v_cache.index_copy_(0, meta.slot_mapping, v)
-        keys = k_cache[meta.kv_gather].transpose(1, 2)  # [B, Hkv, L, D]
-        values = v_cache[meta.kv_gather].transpose(1, 2)
-        num_tokens, num_heads, head_dim = q.shape
-        if meta.q_scatter is not None:
-            padded = q.new_zeros(meta.num_seqs * meta.max_q, num_heads, head_dim)
-            q = padded.index_copy_(0, meta.q_scatter, q)
-        queries = q.view(meta.num_seqs, meta.max_q, num_heads, head_dim).transpose(1, 2)
-        out = F.scaled_dot_product_attention(
-            queries, keys, values, attn_mask=meta.mask, scale=scale, enable_gqa=True
-        )  # [B, H, Q, D]
-        out = out.transpose(1, 2).reshape(meta.num_seqs * meta.max_q, num_heads * head_dim)
-        return out if meta.q_scatter is None else out.index_select(0, meta.q_scatter)
+        return attend_gathered(q, k_cache[meta.kv_gather], v_cache[meta.kv_gather], meta, scale)
+
+
+def attend_gathered(
+    q: torch.Tensor,  # [T, H, D]
+    keys: torch.Tensor,  # [B, L, Hk, D] each sequence's visible keys, padded to L (Hk divides H)
+    values: torch.Tensor,  # [B, L, Hk, Dv]
+    meta: TorchAttentionMeta,
+    scale: float,
+) -> torch.Tensor:  # [T, H * Dv]
+    """Pad the flat queries to [B, Q], one SDPA call under the plan's mask, unpad."""
+    num_tokens, num_heads, head_dim = q.shape
+    if meta.q_scatter is not None:
+        padded = q.new_zeros(meta.num_seqs * meta.max_q, num_heads, head_dim)
+        q = padded.index_copy_(0, meta.q_scatter, q)
+    queries = q.view(meta.num_seqs, meta.max_q, num_heads, head_dim).transpose(1, 2)
+    out = F.scaled_dot_product_attention(
+        queries, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=meta.mask, scale=scale, enable_gqa=True
+    )  # [B, H, Q, Dv]
+    out = out.transpose(1, 2).reshape(meta.num_seqs * meta.max_q, -1)
+    return out if meta.q_scatter is None else out.index_select(0, meta.q_scatter)
 
 
 def _build_mask(fb: ForwardBatch, max_q: int, max_kv: int) -> np.ndarray | None:
