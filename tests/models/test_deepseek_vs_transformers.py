@@ -119,3 +119,22 @@ def test_cached_rows_are_transformers_latents(hf):
     for i, layer in enumerate(cache.layers):
         expected = torch.cat([layer.keys[0, 0], layer.values[0, 0]], dim=-1)  # [S, R + r]
         torch.testing.assert_close(runner.kv.k[i, slots, 0], expected, atol=1e-5, rtol=0)
+
+
+def _hf_greedy(hf_model, prompt: list[int], n: int) -> list[int]:
+    tokens = list(prompt)
+    for _ in range(n):
+        tokens.append(int(_hf_logits(hf_model, tokens)[-1].argmax()))
+    return tokens[len(prompt) :]
+
+
+def test_greedy_generation_equals_transformers(hf):
+    """Through `LLM`: a batch of prompts, long ones prefilled in chunks, 16 greedy tokens each."""
+    from testkit import tiny_llm
+
+    from speculant import SamplingParams
+
+    prompts = [[5, 6, 7], list(range(30, 70)), [9], list(range(100, 121))]
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    outs = tiny_llm(hf, max_num_batched_tokens=24).generate(prompts, params)
+    assert [o.token_ids for o in outs] == [_hf_greedy(hf, p, 16) for p in prompts]
