@@ -75,7 +75,7 @@ def load_deepseek_weights(
 
 
 def _wanted(name: str, arch: ArchConfig) -> bool:
-    if name.endswith(_SCALE) or name.endswith(_SHARED) and ".layers." in name:
+    if name.endswith(_SCALE) or (name.endswith(_SHARED) and ".layers." in name):
         return False
     if not name.startswith("model.layers."):
         return True
