@@ -134,3 +134,32 @@ def _expand(scale: torch.Tensor, shape) -> torch.Tensor:
 
 def _dequantize(w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return w.float() * _expand(scale, w.shape)
+
+
+def test_deepseeks_own_config_keys():
+    """config.json as DeepSeek-V3 ships it: no head_dim, legacy `rope_scaling` with `type`,
+    `scoring_func`/`topk_method`, an FP8 quantization config; unsupported routing is refused."""
+    from speculant.loader.errors import CheckpointError
+    from speculant.loader.hf_loader import arch_from_hf_config
+
+    config = {
+        "model_type": "deepseek_v3", "vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432,
+        "moe_intermediate_size": 2048, "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128,
+        "n_shared_experts": 1, "n_routed_experts": 256, "routed_scaling_factor": 2.5, "kv_lora_rank": 512,
+        "q_lora_rank": 1536, "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128, "topk_method": "noaux_tc",
+        "n_group": 8, "topk_group": 4, "num_experts_per_tok": 8, "first_k_dense_replace": 3, "norm_topk_prob": True,
+        "scoring_func": "sigmoid", "max_position_embeddings": 163840, "rms_norm_eps": 1e-06, "rope_theta": 10000,
+        "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                         "original_max_position_embeddings": 4096, "type": "yarn"},
+        "num_nextn_predict_layers": 1, "bos_token_id": 0, "eos_token_id": 1, "tie_word_embeddings": False,
+        "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]},
+    }  # fmt: skip
+    arch = arch_from_hf_config(config)
+    assert (arch.head_dim, arch.mla.qk_head_dim, arch.mla.q_lora_rank, arch.mla.rope_interleave) == (64, 192, 1536, True)
+    assert (arch.moe.num_groups, arch.moe.topk_groups, arch.moe.first_dense_layers, arch.mtp_layers) == (8, 4, 3, 1)
+    s = arch.rope_scaling
+    assert (s.kind, s.factor, s.original_max_position, s.mscale_all_dim) == ("yarn", 40.0, 4096, 1.0)
+    with pytest.raises(CheckpointError, match="sigmoid scoring"):
+        arch_from_hf_config({**config, "scoring_func": "softmax"})
+    with pytest.raises(CheckpointError, match="kv_lora_rank"):
+        arch_from_hf_config({k: v for k, v in config.items() if k != "kv_lora_rank"})
