@@ -166,7 +166,9 @@ def head_logits(
 
 class DraftHead(CausalLM):
     """A head as a model the executor runs: its own one-layer K/V in the shared pages, the
-    target's embedding and lm_head. `forward` requires `hidden_states`."""
+    target's embedding and lm_head. `forward` requires `hidden_states`. Its decoder block is the
+    target family's own when the family builds one (`CausalLM.head_block`: DeepSeek-V3's MTP
+    module is a full MLA + MoE layer), else the Llama layer above."""
 
     def __init__(self, target: CausalLM, variant: str, weights: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype, weights_mode: str = "fp32") -> None:
         self.arch, self.target, self.variant = head_arch(target.arch), target, variant

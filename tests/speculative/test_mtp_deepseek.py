@@ -102,3 +102,20 @@ def test_sampling_with_the_own_layer_matches_the_target():
     out = {f"x{i + 1}x{i + 2}": chi_square_pvalue(c, j) for i, (c, j) in enumerate(zip(pairs, exact_joints(target, params)))}
     out["bonus"] = bonus_pvalue(target, params, run.bonuses)
     assert min(out.values()) > ALPHA, out
+
+
+def test_a_head_folder_with_deepseek_mtp_names_runs_the_same_block(tmp_path):
+    """The MTP module saved as a head folder (DeepSeek names) drafts exactly as the own layer."""
+    from speculant.loader.head_file import HeadFileConfig, checkpoint_sha256, save_head
+
+    target = tiny_hf_model("deepseek", seed=6)
+    ckpt = with_mtp_layer(target)
+    prefix = f"model.layers.{target.config.num_hidden_layers}."
+    mtp = {k: v for k, v in ckpt.weights.items() if k.startswith(prefix)}
+    save_head(tmp_path / "head", mtp, HeadFileConfig("normed", "tiny", checkpoint_sha256(ckpt), target.config.hidden_size))
+    runs = []
+    for head in (None, str(tmp_path / "head")):
+        llm = _llm(ckpt, speculative="mtp", num_draft_tokens=2, head=head)
+        runs.append(([o.token_ids for o in llm.generate(PROMPTS, GREEDY)], llm.stats()["accepted_tokens"]))
+    assert runs[0] == runs[1]
+    assert runs[0][0] == [o.token_ids for o in _llm(ckpt).generate(PROMPTS, GREEDY)]
