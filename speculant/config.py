@@ -38,20 +38,59 @@ def _attention_backends() -> list[str]:
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """Llama-3 style rope scaling ("llama3"); `kind="none"` means plain RoPE."""
+    """Rope scaling: Llama 3's ("llama3"), linear, or YaRN ("yarn", DeepSeek-V3: beta_*, mscale*);
+    `kind="none"` means plain RoPE."""
 
     kind: str = "none"
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position: int = 8192
+    beta_fast: float = 32.0  # YaRN: rotations below which a dimension is interpolated
+    beta_slow: float = 1.0  # YaRN: rotations above which a dimension is kept
+    mscale: float = 1.0  # YaRN: cos/sin carry mscale(factor, mscale) / mscale(factor, mscale_all_dim)
+    mscale_all_dim: float = 0.0  # YaRN: DeepSeek-V3 scales attention logits by mscale(factor, this) ** 2
+
+
+@dataclass(frozen=True)
+class MlaConfig:
+    """Multi-head latent attention (DeepSeek-V2/V3): per token the cache holds the latent c_kv
+    [kv_lora_rank] and one shared RoPE key [qk_rope_head_dim]."""
+
+    kv_lora_rank: int
+    q_lora_rank: int | None  # None: a plain q projection
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    rope_interleave: bool = True  # checkpoint's RoPE dims in (x0, x1) pairs; permuted on load
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """DeepSeek-V3 mixture of experts: sigmoid scores, grouped top-k over bias-corrected scores,
+    shared experts; the first `first_dense_layers` layers keep a dense MLP."""
+
+    num_experts: int
+    experts_per_token: int
+    expert_intermediate_size: int
+    num_shared_experts: int
+    num_groups: int = 1
+    topk_groups: int = 1
+    routed_scaling_factor: float = 1.0
+    norm_topk_prob: bool = True
+    first_dense_layers: int = 0
 
 
 @dataclass(frozen=True)
 class ArchConfig:
-    """Architecture of a Llama-family checkpoint (Llama 2/3, SmolLM2, Mistral, Qwen2/2.5)."""
+    """Architecture of a checkpoint: the Llama family (Llama 2/3, SmolLM2, Mistral, Qwen2/2.5), or
+    DeepSeek-V3 (`mla` and `moe` set)."""
 
-    family: str  # "llama" | "qwen2" | "mistral"
+    family: str  # "llama" | "qwen2" | "mistral" | "deepseek_v3"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -67,6 +106,9 @@ class ArchConfig:
     attention_bias: bool = False  # q/k/v projections carry a bias (Qwen2)
     bos_token_id: int | None = None
     eos_token_id: int | None = None
+    mla: MlaConfig | None = None  # DeepSeek-V3 attention (num_heads, and head_dim = the RoPE dims)
+    moe: MoeConfig | None = None  # DeepSeek-V3 experts
+    mtp_layers: int = 0  # MTP modules the checkpoint keeps after its last layer (DeepSeek-V3)
 
     @property
     def q_size(self) -> int:

@@ -36,11 +36,65 @@ def tiny_hf_model(kind: str = "llama", seed: int = 0, **overrides):
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_hf_config(kind, **overrides), dtype=torch.float32)
+    config = tiny_deepseek_config(**overrides) if kind == "deepseek" else tiny_hf_config(kind, **overrides)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():  # random init has tiny weights; widen them so logits are not all near-ties
         for p in model.parameters():
             p.normal_(0, 0.08 if p.dim() > 1 else 0.3).add_(1.0 if p.dim() == 1 else 0.0)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # a load-balancing bias that changes choices
+                b.normal_(0, 0.1)
     return model.eval()
+
+
+def tiny_deepseek_config(vocab_size: int = 256, **overrides):
+    """A small DeepSeek-V3: MLA with q LoRA (`q_lora_rank=None`: a plain q projection), one dense
+    layer then MoE layers (8 experts in 4 groups, 2 groups kept, 3 experts a token, a shared
+    expert), YaRN RoPE with DeepSeek's mscale, interleaved RoPE dims."""
+    from transformers import DeepseekV3Config
+
+    common = dict(
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=48,
+        qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=24, n_routed_experts=8, n_shared_experts=1,
+        n_group=4, topk_group=2, num_experts_per_tok=3, first_k_dense_replace=1, routed_scaling_factor=2.5,
+        max_position_embeddings=512, rms_norm_eps=1e-5, num_mtp_layers=0, bos_token_id=1, eos_token_id=2,
+        pad_token_id=0,
+        rope_parameters={
+            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 128,
+            "mscale": 1.0, "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1,
+        },
+    )
+    common.update(overrides)
+    return DeepseekV3Config(**common)
+
+
+def with_mtp_layer(hf_model, seed: int = 5) -> TinyCheckpoint:
+    """A TinyCheckpoint of a tiny DeepSeek-V3 plus a random MTP module at layer index
+    num_hidden_layers (enorm, hnorm, eh_proj, a full MoE decoder layer, shared_head.norm), the way
+    DeepSeek-V3 checkpoints store it."""
+    import dataclasses
+
+    config = hf_model.config
+    n, h = config.num_hidden_layers, config.hidden_size
+    donor = tiny_hf_model("deepseek", seed=seed, **{**_overrides_of(config), "num_hidden_layers": n + 1})
+    g = torch.Generator().manual_seed(seed)
+    ckpt = TinyCheckpoint(hf_model)
+    p = f"model.layers.{n}."
+    ckpt.weights |= {k: v.detach().clone() for k, v in donor.state_dict().items() if k.startswith(p)}
+    ckpt.weights |= {
+        p + "enorm.weight": 1 + 0.3 * torch.randn(h, generator=g),
+        p + "hnorm.weight": 1 + 0.3 * torch.randn(h, generator=g),
+        p + "eh_proj.weight": 0.08 * torch.randn(h, 2 * h, generator=g),
+        p + "shared_head.norm.weight": 1 + 0.3 * torch.randn(h, generator=g),
+    }
+    ckpt.arch = dataclasses.replace(ckpt.arch, mtp_layers=1)
+    return ckpt
+
+
+def _overrides_of(config) -> dict:
+    keys = ("q_lora_rank", "num_hidden_layers", "first_k_dense_replace")
+    return {k: getattr(config, k) for k in keys}
 
 
 def noisy_copy(hf_model, scale: float = 0.02, seed: int = 1):

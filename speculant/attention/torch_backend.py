@@ -40,11 +40,13 @@ class TorchAttention(AttentionBackend):
     def workspace_bytes(self, num_seqs: int, max_q: int, max_kv: int) -> int:
         """Per layer: the gathered keys and values [B, L, Hkv, D], the padded queries, SDPA's
         output and its reshaped copy [B * Q, H, D]; per forward: the slot gather [B, L] int64 on
-        the host and device, the bool mask [B, Q, L] and SDPA's float copy of it."""
+        the host and device, the bool mask [B, Q, L] and SDPA's float copy of it (with one shared
+        key head, the mask repeated per head: [B, Q * H, L])."""
         heads, kv_heads, head_dim, elt = self.shape
         gathered = 2 * num_seqs * max_kv * kv_heads * head_dim * elt
         queries = 3 * num_seqs * max_q * heads * head_dim * elt
-        return gathered + queries + 2 * 8 * num_seqs * max_kv + 5 * num_seqs * max_q * max_kv
+        mask_rows = num_seqs * max_q * (heads if kv_heads == 1 else 1)
+        return gathered + queries + 2 * 8 * num_seqs * max_kv + 5 * mask_rows * max_kv
 
     def plan(self, fb: ForwardBatch, device: torch.device) -> TorchAttentionMeta:
         q_lens, kv_lens = fb.q_lens, fb.kv_lens
@@ -71,18 +73,33 @@ class TorchAttention(AttentionBackend):
     def forward(self, q, k, v, k_cache, v_cache, meta: TorchAttentionMeta, scale: float) -> torch.Tensor:
         k_cache.index_copy_(0, meta.slot_mapping, k)
         v_cache.index_copy_(0, meta.slot_mapping, v)
-        keys = k_cache[meta.kv_gather].transpose(1, 2)  # [B, Hkv, L, D]
-        values = v_cache[meta.kv_gather].transpose(1, 2)
-        num_tokens, num_heads, head_dim = q.shape
-        if meta.q_scatter is not None:
-            padded = q.new_zeros(meta.num_seqs * meta.max_q, num_heads, head_dim)
-            q = padded.index_copy_(0, meta.q_scatter, q)
+        return attend_gathered(q, k_cache[meta.kv_gather], v_cache[meta.kv_gather], meta, scale)
+
+
+def attend_gathered(
+    q: torch.Tensor,  # [T, H, D]
+    keys: torch.Tensor,  # [B, L, Hk, D] each sequence's visible keys, padded to L (Hk divides H)
+    values: torch.Tensor,  # [B, L, Hk, Dv]
+    meta: TorchAttentionMeta,
+    scale: float,
+) -> torch.Tensor:  # [T, H * Dv]
+    """Pad the flat queries to [B, Q], one SDPA call under the plan's mask, unpad."""
+    num_tokens, num_heads, head_dim = q.shape
+    if meta.q_scatter is not None:
+        padded = q.new_zeros(meta.num_seqs * meta.max_q, num_heads, head_dim)
+        q = padded.index_copy_(0, meta.q_scatter, q)
+    if keys.shape[2] == 1 and num_heads > 1:  # one shared key head (MQA, MLA's latent): heads become
+        queries = q.reshape(meta.num_seqs, 1, meta.max_q * num_heads, head_dim)  # query rows; no K/V copies
+        mask = None if meta.mask is None else meta.mask.repeat_interleave(num_heads, dim=2)  # [B, 1, Q * H, L]
+        out = F.scaled_dot_product_attention(queries, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask, scale=scale)
+        out = out.reshape(meta.num_seqs * meta.max_q, -1)  # [B, 1, Q * H, Dv] -> [B * Q, H * Dv]
+    else:
         queries = q.view(meta.num_seqs, meta.max_q, num_heads, head_dim).transpose(1, 2)
         out = F.scaled_dot_product_attention(
-            queries, keys, values, attn_mask=meta.mask, scale=scale, enable_gqa=True
-        )  # [B, H, Q, D]
-        out = out.transpose(1, 2).reshape(meta.num_seqs * meta.max_q, num_heads * head_dim)
-        return out if meta.q_scatter is None else out.index_select(0, meta.q_scatter)
+            queries, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=meta.mask, scale=scale, enable_gqa=True
+        )  # [B, H, Q, Dv]
+        out = out.transpose(1, 2).reshape(meta.num_seqs * meta.max_q, -1)
+    return out if meta.q_scatter is None else out.index_select(0, meta.q_scatter)
 
 
 def _build_mask(fb: ForwardBatch, max_q: int, max_kv: int) -> np.ndarray | None:

@@ -48,6 +48,8 @@ class Executor:
         from speculant.loader.head_file import check_target, load_head
 
         base = self._runner(spec.head_of)
+        if spec.own_head:  # the checkpoint's own MTP layer: trained with it, nothing to check
+            return build_head_runner(base.model.own_head(), base, spec.config)
         expect = self._target_sha256() if self._target_sha256 is not None and spec.head_of == TARGET else None
         head = spec.checkpoint if spec.checkpoint is not None else load_head(spec.config.model, expect)
         if expect is not None:

@@ -7,7 +7,8 @@ from types import SimpleNamespace
 
 import torch
 
-from speculant.attention.registry import create_backend
+from speculant.attention.base import AttentionBackend
+from speculant.attention.registry import create_backend, resolve_backend_name
 from speculant.config import EngineConfig, ModelConfig
 from speculant.executor.model_runner import ModelRunner
 from speculant.models.registry import create_model
@@ -17,8 +18,7 @@ def build_runner(checkpoint, model_config: ModelConfig) -> ModelRunner:
     device, dtype = torch.device(model_config.device), model_config.torch_dtype
     model = create_model(checkpoint.arch, device, dtype, model_config.weights)
     model.load_weights(checkpoint.weights)
-    backend = create_backend(model_config.attention_backend, device, dtype)
-    return ModelRunner(model, backend, device, dtype)
+    return ModelRunner(model, backend_for(model, model_config), device, dtype)
 
 
 def build_head_runner(head, base: ModelRunner, model_config: ModelConfig) -> ModelRunner:
@@ -27,8 +27,20 @@ def build_head_runner(head, base: ModelRunner, model_config: ModelConfig) -> Mod
 
     device, dtype = base.device, base.dtype
     model = DraftHead(base.model, head.config.variant, head.weights, device, dtype, model_config.weights)
-    backend = create_backend(model_config.attention_backend, device, dtype)
-    return ModelRunner(model, backend, device, dtype)
+    return ModelRunner(model, backend_for(model, model_config), device, dtype)
+
+
+def backend_for(model, model_config: ModelConfig) -> AttentionBackend:
+    """The configured attention backend, or for "auto" the first the model runs on (MLA models
+    run on the torch reference only)."""
+    device, dtype, asked = torch.device(model_config.device), model_config.torch_dtype, model_config.attention_backend
+    name = resolve_backend_name(asked, device, dtype)
+    allowed = model.attention_backends
+    if allowed is not None and name not in allowed:
+        if asked != "auto":
+            raise ValueError(f"attention_backend {asked!r}: the {model.arch.family} model runs on {list(allowed)}")
+        name = allowed[0]
+    return create_backend(name, device, dtype)
 
 
 def load_checkpoint_for(name: str, model_config: ModelConfig):

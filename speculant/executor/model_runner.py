@@ -7,7 +7,7 @@ import torch
 from speculant.attention.base import AttentionBackend
 from speculant.attention.batch import ForwardBatch
 from speculant.config import ArchConfig
-from speculant.kv_cache.cache import KVCache, kv_bytes_per_page
+from speculant.kv_cache.cache import CacheLayout, KVCache, kv_bytes_per_page
 from speculant.models.base import CausalLM, ForwardContext
 
 
@@ -15,18 +15,18 @@ class ModelRunner:
     def __init__(self, model: CausalLM, backend: AttentionBackend, device: torch.device, dtype: torch.dtype) -> None:
         self.model, self.backend, self.device, self.dtype = model, backend, device, dtype
         self.kv: KVCache | None = None
-        arch = model.arch
-        backend.configure(arch.num_heads, arch.num_kv_heads, arch.head_dim, dtype)
+        self.layout = CacheLayout.of(model.arch)  # what a token keeps per layer (per-head K/V, or MLA's latent)
+        backend.configure(model.arch.num_heads, self.layout.kv_heads, self.layout.k_dim, dtype)
 
     @property
     def arch(self) -> ArchConfig:
         return self.model.arch
 
     def kv_bytes_per_page(self, page_size: int) -> int:
-        return kv_bytes_per_page(self.arch, page_size, self.dtype)
+        return kv_bytes_per_page(self.layout, page_size, self.dtype)
 
     def allocate_kv(self, num_pages: int, page_size: int) -> None:
-        self.kv = KVCache(self.arch, num_pages, page_size, self.dtype, self.device)
+        self.kv = KVCache(self.layout, num_pages, page_size, self.dtype, self.device)
 
     @torch.inference_mode()
     def forward(

@@ -36,6 +36,7 @@ class ModelSpec:
     checkpoint: Any = None  # an already loaded checkpoint (tests); None loads config.model
     shares_vocab: bool = True  # must the model's vocabulary equal the target's
     head_of: str | None = None  # a draft head over this model's embedding and lm_head (a head folder)
+    own_head: bool = False  # the head is the head_of model's own MTP layer (DeepSeek-V3), not a folder
 
 
 @dataclass(frozen=True)

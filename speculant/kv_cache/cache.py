@@ -1,22 +1,51 @@
-"""A model's K/V tensors over the engine's shared pages (slots flattened: page * page_size + i)."""
+"""A model's K/V tensors over the engine's shared pages (slots flattened: page * page_size + i).
+
+A model declares what one token keeps per layer (`CacheLayout`): per-head K and V (Llama), or
+one latent row whose first columns double as the values (MLA: c_kv [kv_lora_rank] then the
+shared RoPE key [qk_rope_head_dim]); the page byte budget follows the layout.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from speculant.config import ArchConfig
 
 
-def kv_bytes_per_page(arch: ArchConfig, page_size: int, dtype: torch.dtype) -> int:
-    element = torch.empty(0, dtype=dtype).element_size()
-    return 2 * arch.num_layers * page_size * arch.num_kv_heads * arch.head_dim * element
+@dataclass(frozen=True)
+class CacheLayout:
+    num_layers: int
+    kv_heads: int
+    k_dim: int  # K entry per head
+    v_dim: int  # V entry per head
+    values_in_keys: bool = False  # V is K's first v_dim columns (MLA's latent), stored once
+
+    @classmethod
+    def of(cls, arch: ArchConfig) -> CacheLayout:
+        if arch.mla is not None:
+            m = arch.mla
+            return cls(arch.num_layers, 1, m.kv_lora_rank + m.qk_rope_head_dim, m.kv_lora_rank, values_in_keys=True)
+        return cls(arch.num_layers, arch.num_kv_heads, arch.head_dim, arch.head_dim)
+
+    def bytes_per_token_per_layer(self, dtype: torch.dtype) -> int:
+        per_head = self.k_dim + (0 if self.values_in_keys else self.v_dim)
+        return self.kv_heads * per_head * dtype.itemsize
+
+
+def kv_bytes_per_page(layout: CacheLayout, page_size: int, dtype: torch.dtype) -> int:
+    return layout.num_layers * page_size * layout.bytes_per_token_per_layer(dtype)
 
 
 class KVCache:
-    def __init__(self, arch: ArchConfig, num_pages: int, page_size: int, dtype: torch.dtype, device: torch.device) -> None:
-        shape = (arch.num_layers, num_pages * page_size, arch.num_kv_heads, arch.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [layers, slots, kv_heads, head_dim]
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+    def __init__(self, layout: CacheLayout, num_pages: int, page_size: int, dtype: torch.dtype, device: torch.device) -> None:
+        slots = num_pages * page_size
+        self.k = torch.zeros((layout.num_layers, slots, layout.kv_heads, layout.k_dim), dtype=dtype, device=device)  # [layers, slots, kv_heads, k_dim]
+        if layout.values_in_keys:
+            self.v = self.k[..., : layout.v_dim]  # a view: [layers, slots, kv_heads, v_dim]
+        else:
+            self.v = torch.zeros((layout.num_layers, slots, layout.kv_heads, layout.v_dim), dtype=dtype, device=device)
         self.page_size = page_size
 
     def slots(self, page_table: list[int], length: int) -> list[int]:

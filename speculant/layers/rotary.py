@@ -1,4 +1,5 @@
-"""Rotary position embeddings (Su et al. 2021) in the Hugging Face "rotate half" layout."""
+"""Rotary position embeddings (Su et al. 2021) in the Hugging Face "rotate half" layout, with
+Llama 3, linear and YaRN (Peng et al. 2023, as DeepSeek-V3 configures it) scaling."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> to
         inv_freq = _llama3_scale(inv_freq, scaling)
     elif scaling.kind == "linear":
         inv_freq = inv_freq / scaling.factor
+    elif scaling.kind == "yarn":
+        inv_freq = _yarn_scale(inv_freq, head_dim, theta, scaling)
     elif scaling.kind not in ("none", "default"):
         raise ValueError(f"rope scaling {scaling.kind!r} is not supported")
     return inv_freq.float()
@@ -32,6 +35,32 @@ def _llama3_scale(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
     return torch.where(middle, blended, scaled)
 
 
+def _yarn_scale(inv_freq: torch.Tensor, dim: int, theta: float, s: RopeScaling) -> torch.Tensor:
+    """YaRN's ramp: dimensions with fewer than beta_slow rotations over the original context are
+    interpolated (divided by factor), those with more than beta_fast kept, linear between."""
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(s.original_max_position / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low = max(math.floor(correction_dim(s.beta_fast)), 0)
+    high = min(math.ceil(correction_dim(s.beta_slow)), dim - 1)
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / max(high - low, 1e-3)).clamp(0, 1)
+    return inv_freq / s.factor * ramp + inv_freq * (1 - ramp)
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def rotary_amplitude(scaling: RopeScaling) -> float:
+    """YaRN's factor on cos/sin (1 for the other kinds)."""
+    if scaling.kind != "yarn":
+        return 1.0
+    if scaling.mscale and scaling.mscale_all_dim:
+        return yarn_mscale(scaling.factor, scaling.mscale) / yarn_mscale(scaling.factor, scaling.mscale_all_dim)
+    return yarn_mscale(scaling.factor)
+
+
 class RotaryEmbedding:
     """Holds cos/sin tables for every position; `lookup` gathers them once per forward."""
 
@@ -40,8 +69,9 @@ class RotaryEmbedding:
         positions = torch.arange(arch.max_position, dtype=torch.float32)
         freqs = torch.outer(positions, inv_freq)  # [P, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [P, D]
-        self.cos = emb.cos().to(device=device, dtype=dtype)
-        self.sin = emb.sin().to(device=device, dtype=dtype)
+        amplitude = rotary_amplitude(arch.rope_scaling)
+        self.cos = (emb.cos() * amplitude).to(device=device, dtype=dtype)
+        self.sin = (emb.sin() * amplitude).to(device=device, dtype=dtype)
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin: [T, 1, D] for positions [T]."""

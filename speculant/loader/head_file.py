@@ -81,6 +81,12 @@ def check_target(config: HeadFileConfig, expect_sha256: str, where) -> None:
         )
 
 
+def mtp_head_weights(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A DeepSeek-V3 MTP module's tensors (`model.layers.N.*`) under head names, shared ones dropped."""
+    named = {_canonical(k): v for k, v in weights.items()}
+    return {k: v for k, v in named.items() if k != "_shared"}
+
+
 def _canonical(name: str) -> str:
     """Head names from DeepSeek-V3 MTP names: the block prefix dropped, `shared_head.norm` is the
     final norm, the shared embedding/lm_head are the target's (marked `_shared`)."""

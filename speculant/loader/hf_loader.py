@@ -13,7 +13,7 @@ from speculant.config import ArchConfig, RopeScaling
 from speculant.loader.errors import CheckpointError
 from speculant.loader.validate import check_shapes
 
-_FAMILIES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2"}
+_FAMILIES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "deepseek_v3": "deepseek_v3"}
 _PICKLED = ("*.bin", "*.pt", "*.pth", "*.ckpt")
 _INDEX = "model.safetensors.index.json"
 
@@ -31,7 +31,7 @@ def arch_from_hf_config(config: dict[str, Any], folder: pathlib.Path = pathlib.P
         )
     hidden, num_heads = config["hidden_size"], config["num_attention_heads"]
     rope = _rope_parameters(config)
-    return ArchConfig(
+    arch = ArchConfig(
         family=family,
         vocab_size=config["vocab_size"],
         hidden_size=hidden,
@@ -49,6 +49,11 @@ def arch_from_hf_config(config: dict[str, Any], folder: pathlib.Path = pathlib.P
         bos_token_id=_first_id(config.get("bos_token_id")),
         eos_token_id=_first_id(config.get("eos_token_id")),
     )
+    if family == "deepseek_v3":
+        from speculant.loader.deepseek import deepseek_arch
+
+        return deepseek_arch(arch, config, folder / "config.json")
+    return arch
 
 
 def _rope_parameters(config: dict[str, Any]) -> dict[str, Any]:
@@ -66,9 +71,19 @@ def _rope_scaling(rope: dict[str, Any], path: pathlib.Path) -> RopeScaling:
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind == "default":
         return RopeScaling()
+    if kind == "yarn":
+        return RopeScaling(
+            kind="yarn",
+            factor=float(rope["factor"]),
+            original_max_position=int(rope["original_max_position_embeddings"]),
+            beta_fast=float(rope.get("beta_fast") or 32),
+            beta_slow=float(rope.get("beta_slow") or 1),
+            mscale=float(rope.get("mscale") or 0),
+            mscale_all_dim=float(rope.get("mscale_all_dim") or 0),
+        )
     if kind != "llama3":
         raise CheckpointError(
-            path, f"unsupported rope scaling type {kind!r} (supported: default, llama3)"
+            path, f"unsupported rope scaling type {kind!r} (supported: default, llama3, yarn)"
         )
     defaults = RopeScaling(kind="llama3")
     return RopeScaling(
@@ -92,6 +107,10 @@ def _first_id(value: int | list[int] | None) -> int | None:
 def load_hf_weights(
     folder: pathlib.Path, arch: ArchConfig, dtype: torch.dtype
 ) -> dict[str, torch.Tensor]:
+    if arch.family == "deepseek_v3":
+        from speculant.loader.deepseek import load_deepseek_weights
+
+        return load_deepseek_weights(folder, _weight_files(folder), arch, dtype)
     by_file: dict[pathlib.Path, list[str]] = {}
     for name, path in _weight_files(folder).items():
         by_file.setdefault(path, []).append(name)

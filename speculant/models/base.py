@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,8 +19,12 @@ class ForwardContext:
 
     backend: AttentionBackend
     meta: Any  # what backend.plan returned for this forward
-    k_cache: torch.Tensor  # [num_layers, num_slots, num_kv_heads, head_dim]
-    v_cache: torch.Tensor  # [num_layers, num_slots, num_kv_heads, head_dim]
+    k_cache: torch.Tensor  # [num_layers, num_slots, kv_heads, k_dim] (`CacheLayout`)
+    v_cache: torch.Tensor  # [num_layers, num_slots, kv_heads, v_dim]; MLA: a view of k_cache
+
+
+# A head's block: x [T, hidden], positions [T], the forward's context (the head's one cache layer)
+HeadBlock = Callable[[torch.Tensor, torch.Tensor, ForwardContext], torch.Tensor]
 
 
 class CausalLM(ABC):
@@ -31,6 +36,17 @@ class CausalLM(ABC):
     input for draft heads (a head fuses it with its embeddings); plain decoders refuse it."""
 
     arch: ArchConfig
+    attention_backends: tuple[str, ...] | None = None  # the backends it runs on; None: any
+
+    def head_block(self, weights: dict[str, torch.Tensor]) -> HeadBlock | None:
+        """The family's own decoder block built from a draft head's `layer.*` weights, for heads
+        whose block is this family's layer (DeepSeek-V3's MTP module); None: a Llama block."""
+        return None
+
+    def own_head(self) -> Any:
+        """The checkpoint's own MTP layer as a `HeadCheckpoint` (DeepSeek-V3), for MTP speculation
+        without a head folder."""
+        raise ValueError(f"the {self.arch.family} checkpoint has no MTP layer of its own; pass head=PATH")
 
     @abstractmethod
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None: ...

@@ -41,14 +41,17 @@ def head_arch(target: ArchConfig) -> ArchConfig:
     return dataclasses.replace(target, num_layers=1)
 
 
-def head_weight_shapes(arch: ArchConfig, variant: str) -> dict[str, tuple[int, ...]]:
-    """Every trainable tensor of a head, by name (DeepSeek MTP names; the layer's as in HF Llama)."""
+def head_weight_shapes(arch: ArchConfig, variant: str, with_layer: bool = True) -> dict[str, tuple[int, ...]]:
+    """Every trainable tensor of a head, by name (DeepSeek MTP names; the layer's as in HF Llama;
+    `with_layer=False`: the head's own tensors alone, for a block of the target's family)."""
     if variant not in HEAD_VARIANTS:
         raise ValueError(f"head variant must be one of {list(HEAD_VARIANTS)}, got {variant!r}")
     h, a = arch.hidden_size, arch
     shapes: dict[str, tuple[int, ...]] = {"eh_proj.weight": (h, 2 * h)}
     if variant == "normed":
         shapes.update({"enorm.weight": (h,), "hnorm.weight": (h,), "norm.weight": (h,)})
+    if not with_layer:
+        return shapes
     p = "layer."
     shapes.update({
         f"{p}input_layernorm.weight": (h,),
@@ -84,7 +87,7 @@ class HeadModules:
 
     variant: str
     eh_proj: Product  # [2 * hidden] -> [hidden]
-    layer: LayerWeights
+    layer: LayerWeights | None  # None: the block is the target family's own (`CausalLM.head_block`)
     enorm: torch.Tensor | None  # [hidden] (normed variant)
     hnorm: torch.Tensor | None
     norm: torch.Tensor | None
@@ -95,28 +98,35 @@ def dense_product(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Pro
     return lambda x: F.linear(x, weight, bias)
 
 
-def build_modules(weights: dict[str, torch.Tensor], arch: ArchConfig, variant: str, linear: MakeLinear = dense_product) -> HeadModules:
-    """The head's modules from its named weights (q/k/v and gate/up fused as the target's are)."""
-    missing = sorted(set(head_weight_shapes(arch, variant)) - set(weights))
+def build_modules(
+    weights: dict[str, torch.Tensor], arch: ArchConfig, variant: str, linear: MakeLinear = dense_product, with_layer: bool = True
+) -> HeadModules:
+    """The head's modules from its named weights (q/k/v and gate/up fused as the target's are);
+    `with_layer=False` leaves the block to the target's family."""
+    missing = sorted(set(head_weight_shapes(arch, variant, with_layer)) - set(weights))
     if missing:
         raise KeyError(f"head weights lack {missing[:4]}")
+    normed = variant == "normed"
+    layer = _llama_layer(weights, arch, linear) if with_layer else None
+    return HeadModules(
+        variant, linear(weights["eh_proj.weight"], None), layer,
+        weights["enorm.weight"] if normed else None,
+        weights["hnorm.weight"] if normed else None,
+        weights["norm.weight"] if normed else None,
+    )
+
+
+def _llama_layer(weights: dict[str, torch.Tensor], arch: ArchConfig, linear: MakeLinear) -> LayerWeights:
     p = "layer."
     attn = [f"{p}self_attn.{x}_proj" for x in "qkv"]
     bias = torch.cat([weights[f"{n}.bias"] for n in attn]) if arch.attention_bias else None
-    layer = LayerWeights(
+    return LayerWeights(
         input_norm=weights[f"{p}input_layernorm.weight"],
         qkv=linear(torch.cat([weights[f"{n}.weight"] for n in attn]), bias),
         o=linear(weights[f"{p}self_attn.o_proj.weight"], None),
         post_norm=weights[f"{p}post_attention_layernorm.weight"],
         gate_up=linear(torch.cat([weights[f"{p}mlp.gate_proj.weight"], weights[f"{p}mlp.up_proj.weight"]]), None),
         down=linear(weights[f"{p}mlp.down_proj.weight"], None),
-    )
-    normed = variant == "normed"
-    return HeadModules(
-        variant, linear(weights["eh_proj.weight"], None), layer,
-        weights["enorm.weight"] if normed else None,
-        weights["hnorm.weight"] if normed else None,
-        weights["norm.weight"] if normed else None,
     )
 
 
@@ -129,12 +139,16 @@ def head_forward(
     sin: torch.Tensor,
     attend: Attend,
 ) -> torch.Tensor:  # [T, hidden] the head's output states (before its final norm)
+    return decoder_layer(arch, m.layer, head_input(arch, m, embeds, hidden), cos, sin, attend)
+
+
+def head_input(arch: ArchConfig, m: HeadModules, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    """[T, hidden] the block's input: eh_proj over the (normed) embedding and hidden state."""
     eps, shape = arch.rms_norm_eps, (arch.hidden_size,)
     if m.enorm is not None:
         embeds = F.rms_norm(embeds, shape, m.enorm, eps)
         hidden = F.rms_norm(hidden, shape, m.hnorm, eps)
-    x = m.eh_proj(torch.cat([embeds, hidden.to(embeds.dtype)], dim=-1))
-    return decoder_layer(arch, m.layer, x, cos, sin, attend)
+    return m.eh_proj(torch.cat([embeds, hidden.to(embeds.dtype)], dim=-1))
 
 
 def head_logits(
@@ -152,7 +166,9 @@ def head_logits(
 
 class DraftHead(CausalLM):
     """A head as a model the executor runs: its own one-layer K/V in the shared pages, the
-    target's embedding and lm_head. `forward` requires `hidden_states`."""
+    target's embedding and lm_head. `forward` requires `hidden_states`. Its decoder block is the
+    target family's own when the family builds one (`CausalLM.head_block`: DeepSeek-V3's MTP
+    module is a full MLA + MoE layer), else the Llama layer above."""
 
     def __init__(self, target: CausalLM, variant: str, weights: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype, weights_mode: str = "fp32") -> None:
         self.arch, self.target, self.variant = head_arch(target.arch), target, variant
@@ -161,7 +177,10 @@ class DraftHead(CausalLM):
         vocab_map = weights.get("vocab_map")
         self.vocab_map = None if vocab_map is None else vocab_map.to(device, torch.int64)
         params = {k: v.to(device, dtype) for k, v in weights.items() if k != "vocab_map"}
-        self.modules = build_modules(params, self.arch, variant, lambda w, b: make_linear(w, b, weights_mode, dtype))
+        self.block = target.head_block(params)  # the target family's own block, or None: a Llama one
+        self.attention_backends = target.attention_backends
+        make = lambda w, b: make_linear(w, b, weights_mode, dtype)  # noqa: E731
+        self.modules = build_modules(params, self.arch, variant, make, with_layer=self.block is None)
         lm_head = getattr(target, "lm_head", None)
         self.lm_head_weight = lm_head.weight if isinstance(lm_head, DenseLinear) else None  # shared, never copied
 
@@ -175,6 +194,8 @@ class DraftHead(CausalLM):
         if hidden_states is None:
             raise ValueError("hidden_states: a draft head reads the target's hidden states")
         embeds = self.embed(input_ids) if input_embeds is None else input_embeds  # [T, hidden]
+        if self.block is not None:
+            return self.block(head_input(self.arch, self.modules, embeds, hidden_states), positions, ctx)
         cos, sin = self.rotary.lookup(positions)
 
         def attend(q, k, v):

@@ -13,6 +13,7 @@ _FAMILIES = {
     "llama": "speculant.models.llama:LlamaForCausalLM",
     "mistral": "speculant.models.llama:LlamaForCausalLM",
     "qwen2": "speculant.models.llama:LlamaForCausalLM",
+    "deepseek_v3": "speculant.models.deepseek_v3:DeepseekV3ForCausalLM",
 }
 
 

@@ -45,12 +45,13 @@ class MtpProposer(Proposer):
         from speculant.loader.head_file import default_head
 
         head, checkpoint = self.ctx.speculative.head, self.ctx.draft_checkpoint
+        own = head.path is None and checkpoint is None and self.ctx.target_arch.mtp_layers > 0
         if head.path is not None or checkpoint is not None:
             path = head.path or "<in memory>"
         else:
-            path = str(default_head(self.ctx.model.model))
+            path = "<the target's MTP layer>" if own else str(default_head(self.ctx.model.model))
         config = dataclasses.replace(self.ctx.model, model=path)
-        return [ModelSpec(HEAD, config, checkpoint, head_of=TARGET)]
+        return [ModelSpec(HEAD, config, checkpoint, head_of=TARGET, own_head=own)]
 
     def memory_bytes(self, max_num_seqs: int) -> dict[str, int]:
         """Carried logits [B, V] fp32; sampled drafts' probabilities [B, k, V] fp32."""

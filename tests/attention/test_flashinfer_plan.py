@@ -145,7 +145,7 @@ class RecordingBackend(TorchAttention):
 
 
 def test_model_runner_configures_its_backend() -> None:
-    model = SimpleNamespace(arch=SimpleNamespace(num_heads=6, num_kv_heads=2, head_dim=8))
+    model = SimpleNamespace(arch=SimpleNamespace(num_heads=6, num_kv_heads=2, head_dim=8, num_layers=1, mla=None))
     backend = RecordingBackend(torch.device("cpu"))
     ModelRunner(model, backend, torch.device("cpu"), torch.bfloat16)
     assert backend.configured == (6, 2, 8, torch.bfloat16)

@@ -166,3 +166,17 @@ def test_generate_verbose_prints_the_plan_at_start_up(monkeypatch, capsys):
     err = capsys.readouterr().err  # the tiny model has no tokenizer: the plan is printed before that error
     assert "memory plan (" in err and "target_weights" in err
     assert "256.0 MiB" in err.split("total")[1].splitlines()[0]
+
+
+def test_mla_pages_hold_the_latent_of_every_layer_and_the_mtp_head():
+    """A DeepSeek-V3 target with its own MTP layer as the head: a page holds, per token, one latent
+    row [kv_lora_rank + qk_rope_head_dim] for each target layer and for the head's layer."""
+    from testkit import with_mtp_layer
+
+    hf = tiny_hf_model("deepseek", seed=3)
+    config = _config("mtp", num_pages=32)
+    plan = Engine(config, checkpoint=with_mtp_layer(hf)).memory
+    c = hf.config
+    per_token = (c.num_hidden_layers + 1) * (c.kv_lora_rank + c.qk_rope_head_dim) * 4
+    assert plan.kv_cache == 32 * 4 * per_token
+    assert plan.attention > 0 and plan.activations > 0

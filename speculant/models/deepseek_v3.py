@@ -1,0 +1,201 @@
+"""DeepSeek-V3 (and R1) in our own code: multi-head latent attention over a compressed paged
+cache (`speculant.attention.mla`), mixture-of-experts layers after the first dense ones
+(`speculant.layers.moe`), YaRN RoPE with its attention scale, and the checkpoint's own MTP layer
+as a draft head.
+
+Weights arrive under Hugging Face names. On load: the q down-projection (or the plain q
+projection) and `kv_a_proj_with_mqa` are fused into one product; `kv_b_proj` splits into W_UK
+[H, dn, R] and W_UV [H, dv, R]; checkpoints whose RoPE dimensions come in (x0, x1) pairs
+(`rope_interleave`) have those rows permuted to the rotate-half layout, which leaves every dot
+product, so every logit, unchanged; experts are stacked [E, ...] whether stored one by one
+(checkpoint files) or fused (transformers' state dict).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from speculant.attention.mla import EXPAND_MIN_QUERIES, mla_attend
+from speculant.config import ArchConfig
+from speculant.layers.linear import Linear, make_linear
+from speculant.layers.moe import MoeWeights, moe_forward
+from speculant.layers.rotary import RotaryEmbedding, apply_rotary, yarn_mscale
+from speculant.models.base import CausalLM, ForwardContext, HeadBlock
+
+LORA_NORM_EPS = 1e-6  # q_a_layernorm and kv_a_layernorm keep the default epsilon
+
+
+@dataclass
+class DenseMlp:
+    gate_up: Linear  # [hidden] -> [2 * intermediate]
+    down: Linear  # [intermediate] -> [hidden]
+
+
+@dataclass
+class MlaLayer:
+    input_norm: torch.Tensor  # [hidden]
+    qkv_a: Linear  # [hidden] -> [q_lora_rank (or H * (dn + r)) + R + r]
+    q_a_norm: torch.Tensor | None  # [q_lora_rank]; None without q LoRA
+    q_b: Linear | None  # [q_lora_rank] -> [H * (dn + r)]
+    kv_a_norm: torch.Tensor  # [R]
+    w_uk: torch.Tensor  # [H, dn, R]
+    w_uv: torch.Tensor  # [H, dv, R]
+    o: Linear  # [H * dv] -> [hidden]
+    post_norm: torch.Tensor  # [hidden]
+    mlp: DenseMlp | MoeWeights
+
+
+class DeepseekV3ForCausalLM(CausalLM):
+    attention_backends = ("torch",)  # the absorbed and expanded MLA paths use the torch reference
+
+    def __init__(self, arch: ArchConfig, device: torch.device, dtype: torch.dtype, weights: str = "fp32") -> None:
+        if arch.mla is None or arch.moe is None:
+            raise ValueError("a deepseek_v3 architecture needs its mla and moe settings")
+        self.arch, self.device, self.dtype, self.weights_mode = arch, device, dtype, weights
+        self.rotary = RotaryEmbedding(arch, device, dtype)
+        self.scale = arch.mla.qk_head_dim**-0.5
+        if arch.rope_scaling.kind == "yarn" and arch.rope_scaling.mscale_all_dim:
+            self.scale *= yarn_mscale(arch.rope_scaling.factor, arch.rope_scaling.mscale_all_dim) ** 2
+        self.expand_min_queries = EXPAND_MIN_QUERIES  # tests force one MLA path with 0 or a large value
+        self.layers: list[MlaLayer] = []
+        self.embed_tokens = self.norm = torch.empty(0)
+        self.lm_head: Linear | None = None
+        self.mtp_weights: dict[str, torch.Tensor] = {}  # the checkpoint's first MTP module, HF names
+
+    # ---- loading ------------------------------------------------------------------------------
+
+    def load_weights(self, weights: dict) -> None:
+        self.embed_tokens = self._get(weights, "model.embed_tokens.weight")
+        self.norm = self._get(weights, "model.norm.weight")
+        head = weights.get("lm_head.weight")
+        self.lm_head = self._linear(self.embed_tokens if head is None or self.arch.tie_word_embeddings else head)
+        self.layers = [self._load_layer(weights, f"model.layers.{i}.") for i in range(self.arch.num_layers)]
+        mtp = f"model.layers.{self.arch.num_layers}."
+        self.mtp_weights = {k: v for k, v in weights.items() if k.startswith(mtp)}
+
+    def _get(self, weights: dict, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+        if name not in weights:
+            raise KeyError(f"checkpoint lacks tensor {name!r}")
+        return weights[name].to(self.device, dtype or self.dtype)
+
+    def _linear(self, weight: torch.Tensor) -> Linear:
+        mode = self.weights_mode if self.device.type == "cpu" else ("bf16" if self.weights_mode == "bf16" else "fp32")
+        return make_linear(weight.to(self.device), None, mode, self.dtype)
+
+    def _load_layer(self, weights: dict, p: str) -> MlaLayer:
+        m, heads = self.arch.mla, self.arch.num_heads
+        get = lambda name: self._get(weights, p + name)  # noqa: E731
+        q_name = "self_attn.q_b_proj.weight" if m.q_lora_rank else "self_attn.q_proj.weight"
+        q = self._rope_rows(get(q_name).view(heads, m.qk_head_dim, -1), m.qk_nope_head_dim).reshape(heads * m.qk_head_dim, -1)
+        kv_a = self._rope_rows(get("self_attn.kv_a_proj_with_mqa.weight"), m.kv_lora_rank)
+        kv_b = get("self_attn.kv_b_proj.weight").view(heads, m.qk_nope_head_dim + m.v_head_dim, m.kv_lora_rank)
+        return MlaLayer(
+            input_norm=get("input_layernorm.weight"),
+            qkv_a=self._linear(torch.cat([get("self_attn.q_a_proj.weight") if m.q_lora_rank else q, kv_a])),
+            q_a_norm=get("self_attn.q_a_layernorm.weight") if m.q_lora_rank else None,
+            q_b=self._linear(q) if m.q_lora_rank else None,
+            kv_a_norm=get("self_attn.kv_a_layernorm.weight"),
+            w_uk=kv_b[:, : m.qk_nope_head_dim].contiguous(),
+            w_uv=kv_b[:, m.qk_nope_head_dim :].contiguous(),
+            o=self._linear(get("self_attn.o_proj.weight")),
+            post_norm=get("post_attention_layernorm.weight"),
+            mlp=self._load_mlp(weights, p + "mlp."),
+        )
+
+    def _rope_rows(self, w: torch.Tensor, start: int) -> torch.Tensor:
+        """Rows [start:] (the RoPE dims, along dim -2) from (x0, x1) pairs to rotate-half order."""
+        if not self.arch.mla.rope_interleave:
+            return w
+        r = w.shape[-2] - start
+        order = torch.cat([torch.arange(start), start + torch.arange(0, r, 2), start + torch.arange(1, r, 2)]).to(w.device)
+        return w.index_select(-2, order)
+
+    def _load_mlp(self, weights: dict, p: str) -> DenseMlp | MoeWeights:
+        get = lambda name: self._get(weights, p + name)  # noqa: E731
+        if p + "gate.weight" not in weights:
+            return DenseMlp(self._linear(torch.cat([get("gate_proj.weight"), get("up_proj.weight")])), self._linear(get("down_proj.weight")))
+        gate_up, down = self._experts(weights, p + "experts.")
+        return MoeWeights(
+            router=self._get(weights, p + "gate.weight", torch.float32),
+            score_bias=self._get(weights, p + "gate.e_score_correction_bias", torch.float32),
+            gate_up=gate_up,
+            down=down,
+            shared_gate_up=self._linear(torch.cat([get("shared_experts.gate_proj.weight"), get("shared_experts.up_proj.weight")])),
+            shared_down=self._linear(get("shared_experts.down_proj.weight")),
+        )
+
+    def _experts(self, weights: dict, p: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """[E, 2I, hidden] and [E, hidden, I], from fused tensors or one expert at a time."""
+        if p + "gate_up_proj" in weights:
+            return self._get(weights, p + "gate_up_proj"), self._get(weights, p + "down_proj")
+        get = lambda e, name: self._get(weights, f"{p}{e}.{name}.weight")  # noqa: E731
+        experts = range(self.arch.moe.num_experts)
+        gate_up = torch.stack([torch.cat([get(e, "gate_proj"), get(e, "up_proj")]) for e in experts])
+        return gate_up, torch.stack([get(e, "down_proj") for e in experts])
+
+    # ---- forward ------------------------------------------------------------------------------
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(input_ids, self.embed_tokens)
+
+    def forward(self, input_ids, positions, ctx: ForwardContext, input_embeds=None, hidden_states=None) -> torch.Tensor:
+        if hidden_states is not None:
+            raise ValueError("hidden_states: a DeepSeek-V3 decoder takes no hidden-state input (draft heads do)")
+        x = self.embed(input_ids) if input_embeds is None else input_embeds  # [T, hidden]
+        cos, sin = self.rotary.lookup(positions)
+        for i, layer in enumerate(self.layers):
+            x = self._layer(i, layer, x, cos, sin, ctx)
+        return x
+
+    def _layer(self, i: int, w: MlaLayer, x: torch.Tensor, cos, sin, ctx: ForwardContext) -> torch.Tensor:
+        a = self.arch
+        h = F.rms_norm(x, (a.hidden_size,), w.input_norm, a.rms_norm_eps)
+        x = x + w.o(self._attention(i, w, h, cos, sin, ctx))
+        h = F.rms_norm(x, (a.hidden_size,), w.post_norm, a.rms_norm_eps)
+        if isinstance(w.mlp, DenseMlp):
+            gate, up = w.mlp.gate_up(h).chunk(2, dim=-1)
+            return x + w.mlp.down(F.silu(gate) * up)
+        return x + moe_forward(h, w.mlp, a.moe)
+
+    def _attention(self, i: int, w: MlaLayer, h: torch.Tensor, cos, sin, ctx: ForwardContext) -> torch.Tensor:
+        m, heads, num_tokens = self.arch.mla, self.arch.num_heads, h.shape[0]
+        a = w.qkv_a(h)  # [T, q part + R + r]
+        q, latent = a[:, : -(m.kv_lora_rank + m.qk_rope_head_dim)], a[:, -(m.kv_lora_rank + m.qk_rope_head_dim) :]
+        if w.q_b is not None:
+            q = w.q_b(F.rms_norm(q, (m.q_lora_rank,), w.q_a_norm, LORA_NORM_EPS))
+        q = q.view(num_tokens, heads, m.qk_head_dim)
+        q_nope, q_rope = q[..., : m.qk_nope_head_dim], apply_rotary(q[..., m.qk_nope_head_dim :], cos, sin)
+        c_kv = F.rms_norm(latent[:, : m.kv_lora_rank], (m.kv_lora_rank,), w.kv_a_norm, LORA_NORM_EPS)
+        k_rope = apply_rotary(latent[:, None, m.kv_lora_rank :], cos, sin)[:, 0]
+        row = torch.cat([c_kv, k_rope], dim=-1)  # [T, R + r] what the cache keeps
+        return mla_attend(q_nope, q_rope, row, w.w_uk, w.w_uv, ctx.k_cache[i], ctx.backend, ctx.meta, self.scale, self.expand_min_queries)
+
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden]
+        return F.rms_norm(hidden, (self.arch.hidden_size,), self.norm, self.arch.rms_norm_eps)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab]
+        return self.lm_head(self.final_norm(hidden)).float()
+
+    # ---- the MTP module as a draft head ------------------------------------------------------------
+
+    def head_block(self, weights: dict[str, torch.Tensor]) -> HeadBlock:
+        layer = self._load_layer(weights, "layer.")
+
+        def block(x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+            cos, sin = self.rotary.lookup(positions)
+            return self._layer(0, layer, x, cos, sin, ctx)
+
+        return block
+
+    def own_head(self):
+        from speculant.loader.head_file import HeadCheckpoint, HeadFileConfig, mtp_head_weights
+
+        if not self.mtp_weights:
+            raise ValueError(
+                f"the checkpoint has no MTP layer (no model.layers.{self.arch.num_layers}.* tensors); pass head=PATH"
+            )
+        config = HeadFileConfig("normed", "the checkpoint's own MTP layer", "", self.arch.hidden_size)
+        return HeadCheckpoint(config, mtp_head_weights(self.mtp_weights))
