@@ -111,3 +111,13 @@ def test_method_specs_carry_engine_options(tmp_path, tiny_checkpoint):
     by_method = {r["method"]: r for r in result["rows"] if r["category"] == "all"}
     assert set(by_method) == {"none", "ngram:k=1", "ngram:k=4"}
     assert len(by_method["ngram:k=1"]["acceptance_by_position"]) <= 1
+
+
+def test_max_turns_keeps_first_turns(tmp_path, tiny_checkpoint):
+    dataset, _ = _mt_bench(tmp_path)
+    opts = BenchOptions(methods=("none",), dataset=str(dataset), num_prompts=None, max_turns=1, max_tokens=4,
+                        batch_sizes=(1,), progress=False)
+    result = run_bench(build_engine_config(BASE), opts, checkpoint=tiny_checkpoint)
+    (row,) = [r for r in result["rows"] if r["category"] == "all"]
+    assert row["requests"] == 3  # one turn per item (the two-turn item is cut to its first)
+    assert result["setup"]["max_turns"] == 1
