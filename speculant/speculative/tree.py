@@ -1,7 +1,7 @@
 """Draft trees as plain tensors: construction, masks, positions, paths, and the two shapes.
 
-A tree of one sequence has n nodes in breadth-first order (a parent before its children), each a
-draft token with `parents[i]` the index of its parent node, -1 for the root: the last verified
+A tree of one sequence has n nodes in rank order (most likely to be accepted first; a parent
+always before its children, so the first b nodes are the tree of budget b), each a draft token with `parents[i]` the index of its parent node, -1 for the root: the last verified
 token, which is not a node. The target verifies the tree in one forward over n + 1 rows, row 0
 the root and row i + 1 node i; siblings share a RoPE position (`depths`), each row attends to
 the cached prefix and to its own ancestors (`verify_mask`).
@@ -33,7 +33,7 @@ def depths(parents: Sequence[int]) -> np.ndarray:  # [n] int64, 1 for the root's
     out = np.zeros(len(parents), dtype=np.int64)
     for i, p in enumerate(parents):
         if not -1 <= p < i:
-            raise ValueError(f"tree parents must be breadth-first (-1 <= parents[i] < i), got parents[{i}] = {p}")
+            raise ValueError(f"tree parents must come before their children (-1 <= parents[i] < i), got parents[{i}] = {p}")
         out[i] = 1 if p < 0 else out[p] + 1
     return out
 
@@ -92,7 +92,7 @@ def children(parents: Sequence[int]) -> list[list[int]]:
 def static_choices(depth: int, topk: int, budget: int) -> list[tuple[int, ...]]:
     """A fixed tree: the best-child chain to `depth`, each of its nodes (and the root) with its
     `topk` best children, and each of those a best child of its own; the `budget` nodes most
-    likely to be accepted (fewest non-best choices, then shallowest) kept, breadth-first."""
+    likely to be accepted (fewest non-best choices, then shallowest) kept, in that order."""
     nodes: set[tuple[int, ...]] = set()
     for d in range(depth):
         chain = (0,) * d
@@ -101,18 +101,16 @@ def static_choices(depth: int, topk: int, budget: int) -> list[tuple[int, ...]]:
             if d + 2 <= depth:
                 nodes.add(chain + (r, 0))
     ranked = sorted(nodes, key=lambda c: (sum(x > 0 for x in c) + sum(c) / (10 * topk), len(c), c))
-    kept = set(ranked[:budget])
-    kept = {c for c in kept if all(c[:i] in kept for i in range(1, len(c)))}
-    return sorted(kept, key=lambda c: (len(c), c))
+    return ranked[:budget]  # a child ranks after its parent: the kept set is closed
 
 
 def static_parents(choices: Sequence[tuple[int, ...]]) -> tuple[list[int], list[int]]:
-    """Parents and child ranks ([n] each) of a static tree given breadth-first by its choices."""
+    """Parents and child ranks ([n] each) of a static tree given by its choices, parents first."""
     index = {c: i for i, c in enumerate(choices)}
     parents, ranks = [], []
     for c in choices:
-        if len(c) > 1 and c[:-1] not in index:
-            raise ValueError(f"tree choice {c} lacks its parent {c[:-1]}")
+        if len(c) > 1 and index.get(c[:-1], len(choices)) >= index[c]:
+            raise ValueError(f"tree choice {c} lacks its parent {c[:-1]} before it")
         parents.append(index[c[:-1]] if len(c) > 1 else -1)
         ranks.append(c[-1])
     depths(parents)
@@ -135,15 +133,13 @@ def rerank(
     scores: torch.Tensor,  # [B, M] cumulative log-probabilities of every candidate
     node_depths: torch.Tensor,  # [B, M] int64
     budget: int,
-) -> torch.Tensor:  # [B, budget] candidate indices, breadth-first (by depth, then candidate order)
-    """The `budget` best candidates; ties go to the shallower, then earlier, candidate, so a kept
-    node's ancestors are kept too (a child's score is at most its parent's)."""
-    num = scores.shape[1]
-    order = torch.arange(num, device=scores.device)
+) -> torch.Tensor:  # [B, budget] candidate indices, best first
+    """The `budget` best candidates in rank order; ties go to the shallower, then earlier,
+    candidate, so every node comes after its parent (a child's score is at most its parent's)
+    and the first b of them are the best b."""
+    order = torch.arange(scores.shape[1], device=scores.device)
     key = torch.stack([(-scores).double(), node_depths.double(), order.expand_as(scores).double()], -1)
-    best = _lexsort_rows(key)[:, :budget]  # [B, budget]
-    bfs_key = node_depths.gather(1, best) * num + best
-    return best.gather(1, bfs_key.argsort(dim=1))
+    return _lexsort_rows(key)[:, :budget]
 
 
 def _lexsort_rows(key: torch.Tensor) -> torch.Tensor:  # [B, M, K] -> [B, M] ascending by key[..., 0], then 1, ...
@@ -155,7 +151,7 @@ def _lexsort_rows(key: torch.Tensor) -> torch.Tensor:  # [B, M, K] -> [B, M] asc
 
 
 def remap_parents(
-    kept: torch.Tensor,  # [B, n] kept candidate indices (breadth-first)
+    kept: torch.Tensor,  # [B, n] kept candidate indices (parents first)
     candidate_parents: torch.Tensor,  # [B, M] int64 parent candidate index, -1 at the root
 ) -> torch.Tensor:  # [B, n] parent index within the kept nodes, -1 at the root
     position = torch.full_like(candidate_parents, -1)

@@ -24,8 +24,8 @@ def test_depths_and_positions():
     assert tree.verify_positions(PARENTS, 10) == [10, 11, 11, 11, 12, 12, 12, 13]
 
 
-def test_parents_must_be_breadth_first():
-    with pytest.raises(ValueError, match="breadth-first"):
+def test_parents_come_first():
+    with pytest.raises(ValueError, match="before their children"):
         tree.depths([-1, 2, 0])
 
 
@@ -42,12 +42,13 @@ def test_paths():
     assert tree.children(PARENTS) == [[0, 1, 2], [3, 4], [], [5], [6], [], [], []]
 
 
-def test_static_choices_are_closed_and_breadth_first():
+def test_static_choices_are_closed_and_ranked():
     for depth, topk, budget in [(4, 3, 10), (5, 4, 25), (3, 2, 100), (1, 1, 1)]:
         choices = tree.static_choices(depth, topk, budget)
         assert 0 < len(choices) <= budget
-        assert all(c[:-1] in choices for c in choices if len(c) > 1)
-        assert [len(c) for c in choices] == sorted(len(c) for c in choices)
+        for b in range(1, len(choices) + 1):  # every prefix is a tree: parents first
+            assert all(c[:-1] in choices[:b] for c in choices[:b] if len(c) > 1)
+        assert tree.static_choices(depth, topk, budget // 2 + 1) == choices[: budget // 2 + 1]
         assert max(len(c) for c in choices) <= depth
         parents, ranks = tree.static_parents(choices)
         assert all(r < topk for r in ranks)
@@ -61,16 +62,18 @@ def test_static_choices_keep_the_best_chain_first():
     assert {(0,) * d for d in range(1, 6)} <= set(choices)
 
 
-def test_rerank_keeps_the_best_ancestor_closed_breadth_first():
+def test_rerank_keeps_the_best_in_rank_order():
     # candidates: 0,1 at depth 1; 2,3 children of 0; 4,5 children of 1; 6 child of 2
     scores = torch.tensor([[-0.1, -1.0, -0.3, -2.0, -1.1, -1.2, -0.5]])
     cand_depths = torch.tensor([[1, 1, 2, 2, 2, 2, 3]])
     cand_parents = torch.tensor([[-1, -1, 0, 0, 1, 1, 2]])
     kept = tree.rerank(scores, cand_depths, 4)
-    assert kept.tolist() == [[0, 1, 2, 6]]
-    assert tree.remap_parents(kept, cand_parents).tolist() == [[-1, -1, 0, 2]]
+    assert kept.tolist() == [[0, 2, 6, 1]]
+    assert tree.remap_parents(kept, cand_parents).tolist() == [[-1, 0, 1, -1]]
     equal = tree.rerank(torch.zeros(1, 7), cand_depths, 3)  # ties: shallower first
     assert equal.tolist() == [[0, 1, 2]]
+    with pytest.raises(ValueError, match="before it"):
+        tree.static_parents([(0, 0), (0,)])
 
 
 def test_top_children_add_log_probabilities():
