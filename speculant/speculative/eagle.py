@@ -253,7 +253,6 @@ class EagleProposer(MtpProposer):
     def _choose_children(self, requests, logits, groups: list[list[int]], tokens, probs) -> None:
         """Fill `tokens` (and `probs`) at each group's nodes from the logits [B, G, V] of their
         parent: its best tokens, or draws without replacement from its processed law."""
-        num = len(requests)
         for g, nodes in enumerate(groups):
             index = torch.tensor(nodes, device=tokens.device)
             if not self.sampled:
@@ -263,7 +262,6 @@ class EagleProposer(MtpProposer):
             drawn = tree.sample_without_replacement(q, len(nodes), [r.generator for r in requests], self.ctx.generator)
             tokens.index_copy_(1, index, drawn)
             probs.index_copy_(1, index, tree.sibling_draft_probs(q, drawn))
-        assert tokens.shape[0] == num
 
     # ---- after the verify forward -----------------------------------------------------------
 
