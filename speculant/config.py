@@ -228,6 +228,30 @@ class HeadConfig:
             raise ValueError(f"head_sampling must be 'greedy' or 'sample', got {self.sampling!r}")
 
 
+TREE_SHAPES = ("dynamic", "static")
+
+
+@dataclass(frozen=True)
+class TreeConfig:
+    """EAGLE tree speculation: the shape of the draft tree a head grows each step (its node
+    count is `num_draft_tokens`)."""
+
+    shape: str = option("dynamic", "dynamic: expand the best frontier nodes by cumulative draft log-probability, rerank (EAGLE-2); static: fixed child choices (EAGLE)", name="tree", choices=TREE_SHAPES)
+    depth: int = option(5, "tree depth: draft levels below the last verified token")
+    topk: int = option(4, "children per expanded node (dynamic: also frontier nodes expanded per level)")
+    auto_budget: bool = option(
+        False,
+        "choose each step's node count (num_draft_tokens the most) that maximises expected tokens/s, "
+        "from the verify cost measured at start-up and the measured acceptance",
+    )
+
+    def __post_init__(self) -> None:
+        if self.shape not in TREE_SHAPES:
+            raise ValueError(f"tree must be one of {list(TREE_SHAPES)}, got {self.shape!r}")
+        if self.depth < 1 or self.topk < 1:
+            raise ValueError(f"tree_depth and tree_topk must be >= 1, got {self.depth}, {self.topk}")
+
+
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """Speculative decoding. `method` names a proposer in `speculant.speculative` ("none" disables
@@ -243,12 +267,18 @@ class SpeculativeConfig:
     draft: DraftModelConfig = DraftModelConfig()
     ngram: NgramConfig = NgramConfig()
     head: HeadConfig = HeadConfig()
+    tree: TreeConfig = TreeConfig()
 
     def __post_init__(self) -> None:
         if self.num_draft_tokens < 1:
             raise ValueError(f"num_draft_tokens must be >= 1, got {self.num_draft_tokens}")
         if self.method == "draft" and not self.draft.model:
             raise ValueError("speculative='draft' needs draft_model")
+        if self.method == "eagle" and self.head.sampling == "sample" and self.tree.shape == "dynamic":
+            raise ValueError(
+                "head_sampling='sample' needs tree='static': a dynamic tree keeps children by their "
+                "sampled values, so they would no longer follow the head's law"
+            )
 
     @property
     def enabled(self) -> bool:

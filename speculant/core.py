@@ -179,10 +179,11 @@ class Batch:
 
 @dataclass
 class DraftTree:
-    """A tree of draft tokens for one step (EAGLE-style); flat over the batch."""
+    """One draft tree per sequence (EAGLE-style): `DraftProposal.token_ids[b, :num_drafts[b]]`
+    are its nodes in breadth-first order, `draft_probs[b, i]` the law node i was drawn from.
+    Built and read by `speculant.speculative.tree`."""
 
-    parents: torch.Tensor  # [num_draft_tokens_total] index of the parent node in its sequence, -1 at root
-    depths: torch.Tensor  # [num_draft_tokens_total] depth below the last verified token (1-based)
+    parents: list[list[int]]  # [B][num_drafts[b]] parent node index, -1 under the last verified token
 
 
 @dataclass
@@ -224,6 +225,8 @@ class StepResult:
     emitted_token_ids: list[list[int]] | None  # [B][n_b] tokens appended to each request (after max_tokens
     # and stop cuts); None in `Proposer.launch`, before the host has read them
     speculative: bool  # drafts were verified (else a plain forward and sample)
+    accepted_rows: torch.Tensor | None = None  # [B, D + 1] int64 (device) on a tree step: the flat rows of each
+    # sequence's last verified token and its accepted path (row j for j <= num_accepted[b]), root row after
 
 
 @dataclass

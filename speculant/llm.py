@@ -103,6 +103,7 @@ class LLM:
         stats = self.engine.stats.as_dict()
         stats["kv_pages_total"] = self.engine.num_pages
         stats["kv_pages_used"] = self.engine.pages.allocator.num_used
+        stats.update(self.engine.proposer.stats())
         stats["memory"] = self.engine.memory.as_dict()  # the memory plan: bytes by item, with "total"
         return stats
 

@@ -23,6 +23,7 @@ _FIELDS = (
     "page_table",
     "logits_indices",
     "custom_mask",
+    "mask_widths",
 )
 
 
@@ -35,7 +36,10 @@ class SeqInput:
     page_table: list[int]
     positions: list[int] | None = None  # RoPE positions; None means kv_start + i
     logits: str = "last"  # "last" | "all" | "none": which new tokens get logits
-    tree_mask: np.ndarray | None = None  # [q_len, q_len] bool, row i may see new token j
+    # [q_len, w] bool over the last w key slots (w >= q_len: the new tokens and the w - q_len
+    # cached slots just before them, e.g. a head's earlier tree entries); row i may see key j.
+    # Keys before those w are visible to every row. None: causal over the new tokens.
+    tree_mask: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -47,7 +51,8 @@ class ForwardBatch:
     kv_lens: np.ndarray  # [B] int64 KV length after this forward
     page_table: np.ndarray  # [B, max_pages] int64, padded with 0
     logits_indices: np.ndarray  # [N] int64 rows of the flat batch that get logits
-    custom_mask: np.ndarray  # [sum(q_len_b ** 2)] int64 0/1 over new tokens, empty if causal
+    custom_mask: np.ndarray  # [sum(q_len_b * w_b)] int64 0/1 over each sequence's last w_b keys, empty if causal
+    mask_widths: np.ndarray  # [B] int64 w_b (q_len_b where causal), empty if causal
     page_size: int
 
     @property
@@ -105,6 +110,7 @@ def build_forward_batch(seqs: list[SeqInput], page_size: int) -> ForwardBatch:
         page_table=table,
         logits_indices=np.concatenate([_logit_rows(s, int(cu[b])) for b, s in enumerate(seqs)]),
         custom_mask=_custom_mask(seqs),
+        mask_widths=_mask_widths(seqs),
         page_size=page_size,
     )
 
@@ -131,8 +137,16 @@ def _custom_mask(seqs: list[SeqInput]) -> np.ndarray:
     for s in seqs:
         n = len(s.token_ids)
         mask = s.tree_mask if s.tree_mask is not None else np.tri(n, dtype=bool)
+        if mask.ndim != 2 or mask.shape[0] != n or not n <= mask.shape[1] <= s.kv_start + n:
+            raise ValueError(f"tree_mask must be [q_len, w] with q_len <= w <= kv_start + q_len, got {mask.shape} for q_len {n}")
         parts.append(np.asarray(mask, dtype=np.int64).reshape(-1))
     return np.concatenate(parts)
+
+
+def _mask_widths(seqs: list[SeqInput]) -> np.ndarray:
+    if all(s.tree_mask is None for s in seqs):
+        return np.zeros(0, dtype=np.int64)
+    return np.array([len(s.token_ids) if s.tree_mask is None else s.tree_mask.shape[1] for s in seqs], dtype=np.int64)
 
 
 __all__ = ["ForwardBatch", "SeqInput", "build_forward_batch"]

@@ -61,14 +61,14 @@ def paged_kv_layout(fb: ForwardBatch) -> PagedKVLayout:
 def flashinfer_custom_mask(fb: ForwardBatch) -> np.ndarray:
     """[sum(q_len_b * kv_len_b)] bool, FlashInfer's flattened custom_mask: per sequence a
     row-major [q_len, kv_len] block whose cached-prefix columns are all visible and whose last
-    q_len columns are the batch's [q_len, q_len] mask over the new tokens."""
+    w columns are the batch's [q_len, w] mask (the new tokens and the w - q_len keys before)."""
     blocks, offset = [], 0
-    for q_len, kv_len in zip(fb.q_lens.tolist(), fb.kv_lens.tolist(), strict=True):
+    for q_len, kv_len, w in zip(fb.q_lens.tolist(), fb.kv_lens.tolist(), fb.mask_widths.tolist(), strict=True):
         block = np.ones((q_len, kv_len), dtype=bool)
-        new = fb.custom_mask[offset : offset + q_len * q_len].reshape(q_len, q_len)
-        block[:, kv_len - q_len :] = new != 0
+        new = fb.custom_mask[offset : offset + q_len * w].reshape(q_len, w)
+        block[:, kv_len - w :] = new != 0
         blocks.append(block.reshape(-1))
-        offset += q_len * q_len
+        offset += q_len * w
     return np.concatenate(blocks)
 
 

@@ -120,9 +120,10 @@ def _build_mask(fb: ForwardBatch, max_q: int, max_kv: int) -> np.ndarray | None:
 
 
 def _apply_tree_masks(mask: np.ndarray, fb: ForwardBatch, kv_start: np.ndarray) -> None:
+    """Each sequence's [q_len, w] mask over its last w keys (the new tokens and w - q_len before)."""
     offset = 0
-    for b, n in enumerate(fb.q_lens.tolist()):
-        tree = fb.custom_mask[offset : offset + n * n].reshape(n, n).astype(bool)
-        start = int(kv_start[b])
-        mask[b, :n, start : start + n] = tree
-        offset += n * n
+    for b, (n, w) in enumerate(zip(fb.q_lens.tolist(), fb.mask_widths.tolist())):
+        tree = fb.custom_mask[offset : offset + n * w].reshape(n, w).astype(bool)
+        end = int(kv_start[b]) + n
+        mask[b, :n, end - w : end] = tree
+        offset += n * w

@@ -29,6 +29,7 @@ from speculant.engine.memory import plan_engine, resolve_budget
 from speculant.engine.output import OutputProcessor
 from speculant.engine.sampling_rows import SamplingRows
 from speculant.engine.stats import EngineStats
+from speculant.engine.tree_verify import verify_tree
 from speculant.executor.executor import Executor
 from speculant.executor.loading import load_target
 from speculant.executor.plan import TARGET, ForwardPlan
@@ -65,6 +66,7 @@ class Engine:
         self.num_pages = self._allocate_cache(budget)
         self.pages = PageTables(PageAllocator(self.num_pages), config.cache.page_size)
         self.proposer.bind(self.pages)
+        self.executor.drive(self.proposer.calibrate())
         self.scheduler = Scheduler(config.scheduler, self.pages, self.proposer.lookahead_slots, self.proposer.release)
         # A sequence whose KV would outgrow the whole cache finishes ("length") like one reaching
         # the context: left running, it would preempt itself and wait for pages forever.
@@ -164,7 +166,8 @@ class Engine:
             self.stats.record_ks(self.proposer.chosen_ks())
             if speculative:
                 proposal = self.executor.drive(self.proposer.propose(batch))
-                step_out, result = self._verify_and_accept(batch, proposal)
+                verify = self._verify_and_accept if proposal.tree is None else self._verify_tree
+                step_out, result = verify(batch, proposal)
             else:
                 step_out, result = self._forward_and_sample(batch)
             outputs = failed + self._commit(batch, step_out, result)
@@ -252,6 +255,9 @@ class Engine:
         rows = [start + j for start, e in zip(offsets, emitted) for j in range(len(e))]
         logprobs, tops = self._logprobs(logits[rows], flat, batch.requests)
         return StepOutput(emitted, _split(logprobs, emitted), _split(tops, emitted)), step
+
+    def _verify_tree(self, batch: Batch, proposal: DraftProposal) -> tuple[StepOutput, StepResult]:
+        return verify_tree(self, batch, proposal)
 
     def _padded_target_probs(self, batch: Batch, proposal: DraftProposal, logits: torch.Tensor) -> torch.Tensor:
         """[B, k_max + 1, V] processed target distributions at each drafted position and the bonus."""

@@ -57,6 +57,14 @@ class Proposer(ABC):
         """The engine's page tables, once the cache (sized over every model) exists."""
         self.pages = pages
 
+    def calibrate(self) -> Forwards[None]:
+        """Forwards to measure once at start-up, after `bind` (scratch pages, given back)."""
+        yield from ()
+
+    def stats(self) -> dict:
+        """The proposer's own figures for `LLM.stats()` (e.g. a tree's chosen size)."""
+        return {}
+
     def memory_bytes(self, max_num_seqs: int) -> dict[str, int]:
         """Bytes this proposer keeps or allocates per step beyond its models' weights and K/V,
         by memory-plan item (`speculant.engine.memory.MemoryPlan` fields)."""

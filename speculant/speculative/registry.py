@@ -10,6 +10,7 @@ _PROPOSERS = {
     "draft": "speculant.speculative.draft_model:DraftModelProposer",
     "ngram": "speculant.speculative.ngram:NgramProposer",
     "mtp": "speculant.speculative.mtp:MtpProposer",
+    "eagle": "speculant.speculative.eagle:EagleProposer",
 }
 
 

@@ -89,6 +89,9 @@ def batches(draw, trees: bool):
             tree = np.eye(q_len, dtype=bool)
             for i in range(1, q_len):
                 tree[i] |= tree[draw(st.integers(0, i - 1))]
+            extra = draw(st.integers(0, min(kv_start, 4)))  # cached slots the mask covers too (a head's tree entries)
+            cached = np.array(draw(st.lists(st.booleans(), min_size=q_len * extra, max_size=q_len * extra)), dtype=bool)
+            tree = np.concatenate([cached.reshape(q_len, extra), tree], 1)
         seqs.append(SeqInput([0] * q_len, kv_start, pages, tree_mask=tree))
     return build_forward_batch(seqs, page_size)
 

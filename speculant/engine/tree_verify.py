@@ -1,0 +1,119 @@
+"""Verification of draft trees: every node of every sequence in one flattened target forward,
+tree acceptance, and the commit of the accepted path's K/V into contiguous slots.
+
+Sequence b verifies n_b + 1 rows: its last token (the root) at its next KV slot, then its nodes
+breadth-first in the slots after it, siblings sharing a RoPE position, each row attending to the
+cached prefix and its ancestors (`speculant.speculative.tree.verify_mask`). After acceptance the
+path's nodes (scattered among the tree's slots) are copied to the slots right after the root, so
+the sequence's K/V is what a forward over its accepted tokens would have written; slots past the
+new length are released at commit like rejected chain drafts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from speculant.attention.batch import SeqInput
+from speculant.core import Batch, DraftProposal, StepOutput, StepResult
+from speculant.executor.plan import TARGET, ForwardPlan
+from speculant.sampling.acceptance import pad_ragged
+from speculant.sampling.sampler import processed_probs
+from speculant.sampling.tree_acceptance import TreeAcceptResult, accept_tree, accept_tree_greedy
+from speculant.speculative.tree import depths, verify_mask, verify_positions
+from speculant.utils.sync import to_list
+
+
+def verify_tree(engine, batch: Batch, proposal: DraftProposal) -> tuple[StepOutput, StepResult]:
+    """The engine's verify stage for a proposal carrying trees (`proposal.tree`)."""
+    requests, parents = batch.requests, proposal.tree.parents
+    drafts = to_list(proposal.token_ids)
+    inputs = [
+        SeqInput(
+            token_ids=[r.token_at(r.num_tokens - 1)] + drafts[b][: len(parents[b])],
+            kv_start=r.num_computed_tokens,
+            page_table=engine.pages.table(r.request_id),
+            positions=verify_positions(parents[b], r.num_computed_tokens),
+            logits="all",
+            tree_mask=verify_mask(parents[b]),
+        )
+        for b, r in enumerate(requests)
+    ]
+    out = engine.executor.run(ForwardPlan(TARGET, inputs))
+    counts = [len(p) + 1 for p in parents]
+    result = _accept(engine, batch, proposal, out.logits, counts)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).tolist()
+    rows = _accepted_rows(result, offsets)
+    _compact(engine, batch, parents, result)
+    bonus = result.token_ids.gather(1, result.num_accepted[:, None])[:, 0]
+    starts = [r.num_computed_tokens for r in requests]
+    step = StepResult(requests, offsets, starts, out.hidden, result.num_accepted, bonus, None, speculative=True, accepted_rows=rows)
+    engine.executor.drive(engine.proposer.launch(step))  # before the host reads the step
+    num_accepted, tokens, rows_host = to_list(result.num_accepted), to_list(result.token_ids), to_list(rows)
+    emitted = [tokens[b][: num_accepted[b] + 1] for b in range(len(batch))]
+    for b, r in enumerate(requests):
+        r.num_computed_tokens += 1 + num_accepted[b]
+        if parents[b]:  # acceptance by position counts tree levels
+            depth = int(depths(parents[b]).max())
+            r.spec_stats.record(depth, num_accepted[b])
+            engine.stats.spec_stats.record(depth, num_accepted[b])
+    flat = [t for e in emitted for t in e]
+    logit_rows = [rows_host[b][j] for b, e in enumerate(emitted) for j in range(len(e))]
+    logprobs, tops = engine._logprobs(out.logits[logit_rows], flat, requests)
+    return StepOutput(emitted, _split(logprobs, emitted), _split(tops, emitted)), step
+
+
+def _accept(engine, batch: Batch, proposal: DraftProposal, logits: torch.Tensor, counts: list[int]) -> TreeAcceptResult:
+    """Greedy batches compare argmaxes; others walk the trees with the processed target laws."""
+    requests, width = batch.requests, proposal.token_ids.shape[1] + 1
+    st = engine.rows.tensors(requests)
+    count_tensor = torch.tensor(counts)
+    if st.all_greedy:
+        argmax = pad_ragged(logits.argmax(-1)[:, None], count_tensor, width)[..., 0]  # [B, n + 1]
+        return accept_tree_greedy(proposal.token_ids, proposal.tree.parents, argmax)
+    probs = pad_ragged(processed_probs(logits, st.repeat_interleave(count_tensor)), count_tensor, width)
+    generators = [r.generator for r in requests]
+    return accept_tree(proposal.token_ids, proposal.tree.parents, proposal.draft_probs, probs, generators, engine.generator)
+
+
+def _accepted_rows(result: TreeAcceptResult, offsets: list[int]) -> torch.Tensor:  # [B, D + 1]
+    """Flat forward rows of each root and accepted path; the root's row past the path."""
+    device = result.path.device
+    starts = torch.tensor(offsets[:-1], device=device)
+    path_rows = torch.where(result.path >= 0, result.path + 1, 0)
+    return starts[:, None] + torch.cat([torch.zeros_like(starts[:, None]), path_rows], 1)
+
+
+def _compact(engine, batch: Batch, parents: list[list[int]], result: TreeAcceptResult) -> None:
+    """Copy the target's K/V of each accepted node at depth j + 1 to the slot right after the
+    root's + j (nodes past the path copy onto themselves); all on the device."""
+    page_size, width = engine.executor.page_size, result.path.shape[1]
+    num_nodes = max(len(p) for p in parents)
+    node_slots, dst_slots, keep = [], [], []
+    for b, r in enumerate(batch.requests):
+        table, root = engine.pages.table(r.request_id), r.num_computed_tokens
+        n = len(parents[b])
+        node_slots.append([_slot(table, root + 1 + i, page_size) for i in range(n)] + [0] * (num_nodes - n))
+        dst_slots.append([_slot(table, root + 1 + j, page_size) for j in range(min(width, n))] + [0] * (width - min(width, n)))
+        keep += [b * width + j for j in range(min(width, n))]
+    if not keep:
+        return
+    device = result.path.device
+    nodes, dst = torch.tensor(node_slots, device=device), torch.tensor(dst_slots, device=device)
+    src = torch.where(result.path >= 0, nodes.gather(1, result.path.clamp(min=0)), dst)
+    index = torch.tensor(keep, device=device)
+    engine.executor.move_kv(TARGET, src.reshape(-1).index_select(0, index), dst.reshape(-1).index_select(0, index))
+
+
+def _slot(page_table: list[int], position: int, page_size: int) -> int:
+    return page_table[position // page_size] * page_size + position % page_size
+
+
+def _split(flat: list | None, emitted: list[list[int]]) -> list | None:
+    if flat is None:
+        return None
+    out, i = [], 0
+    for e in emitted:
+        out.append(flat[i : i + len(e)])
+        i += len(e)
+    return out

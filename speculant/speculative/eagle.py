@@ -1,0 +1,304 @@
+"""EAGLE tree speculation: a draft head grows a tree of candidates level by level; the target
+verifies every node in one forward and keeps the longest acceptable path (Li et al. 2024,
+EAGLE; EAGLE-2 for the dynamic tree).
+
+The head and its schedule are MTP's (`speculant.speculative.mtp`): after every target forward
+the head re-runs over the rows the sequence keeps with the target's states, before any host read
+(here: the root and accepted path of the tree, `StepResult.accepted_rows`), and carries the
+logits and state of the last one into the next step. Drafting grows the tree from there:
+
+- level 1: the root's children come from the carried logits;
+- level d > 1: one head forward over the nodes of level d - 1 that get children, each an entry
+  reading its parent entry's output state and its own token, at RoPE position (root position
+  + depth - 1), in KV slots after the sequence's (`base + e` for the step's e-th entry), with a
+  tree mask: an entry sees the sequence's cached head entries and the entries of its ancestors.
+  These entries are scratch: the next step's re-run overwrites them.
+
+Shapes (`speculant.speculative.tree`): static (fixed child choices; children are the head's
+best tokens, or drawn without replacement from its processed law with `head_sampling="sample"`)
+or dynamic (EAGLE-2: expand the `topk` best frontier nodes by cumulative log-probability, keep
+the best `num_draft_tokens` candidates at the end; the head's best tokens, so one-hot q).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from speculant.attention.batch import SeqInput
+from speculant.core import Batch, DraftProposal, DraftTree, Request, StepResult
+from speculant.executor.plan import TARGET, ForwardPlan, Forwards
+from speculant.sampling.sampler import SamplingTensors, processed_probs
+from speculant.speculative import tree
+from speculant.speculative.base import ProposerContext
+from speculant.speculative.mtp import HEAD, MtpProposer
+from speculant.speculative.tree_budget import TreeBudget, measure_points
+from speculant.utils.sync import to_list
+
+CALIBRATION_ID = "<tree budget calibration>"  # the page-table id of the start-up measurement
+CALIBRATION_CONTEXT = 1024  # tokens of context the verify cost is measured over
+CALIBRATION_REPEATS = 3  # forwards timed per size (the fastest counts)
+
+
+class EagleProposer(MtpProposer):
+    def __init__(self, ctx: ProposerContext) -> None:
+        super().__init__(ctx)
+        self.adaptive = None  # the tree's size is its budget; k per request is not chosen
+        shape = ctx.speculative.tree
+        self.dynamic = shape.shape == "dynamic"
+        self.depth, self.topk = shape.depth, shape.topk
+        self.sampled = ctx.speculative.head.sampling == "sample"
+        if self.dynamic:
+            self.budget = min(ctx.speculative.num_draft_tokens, self.topk + (self.depth - 1) * self.topk**2)
+            self.num_entries = self.topk * (self.depth - 1)
+        else:
+            self.static = tree.static_parents(tree.static_choices(self.depth, self.topk, ctx.speculative.num_draft_tokens))
+            self.budget = len(self.static[0])
+            self.num_entries = sum(1 for kids in tree.children(self.static[0])[1:] if kids)
+        self.auto_budget = shape.auto_budget
+        self.chooser: TreeBudget | None = None  # set by `calibrate` with auto_budget
+        self.step_budget = self.budget  # nodes of this step's trees (budget, or the chooser's)
+        self._tokens: torch.Tensor | None = None  # [B, n] the step's tree tokens (device)
+        self._depths: list[int] = []  # [B] each tree's depth (0: no tree)
+        self._sizes: list[int] = []  # [B] each tree's node count
+
+    # ---- sizes --------------------------------------------------------------------------------
+
+    def num_draft_tokens(self, request: Request) -> int:
+        """The tree's node count, or 0 (a plain step) where the request asks for no drafts or the
+        tree and the head's entries would not fit the context or the cache."""
+        if request.params.num_draft_tokens == 0:
+            return 0
+        limit = self.ctx.target_arch.max_position
+        if self.pages is not None:
+            limit = min(limit, self.pages.allocator.num_pages * self.pages.page_size)
+        return self.step_budget if limit - request.num_tokens - 1 >= self.lookahead else 0
+
+    @property
+    def lookahead(self) -> int:
+        return max(self.budget, self.num_entries)
+
+    def lookahead_slots(self, request: Request) -> int:
+        return self.lookahead if self.num_draft_tokens(request) else 0
+
+    def memory_bytes(self, max_num_seqs: int) -> dict[str, int]:
+        """Carried logits [B, V]; per level the head's logits [B, topk, V] and, sampled, the
+        nodes' laws [B, n, V]; target laws of every node [B, n + 1, V] (all fp32)."""
+        row = self.ctx.target_arch.vocab_size * 4
+        sampled = self.budget * row if self.sampled else 0
+        return {"draft_logits": max_num_seqs * row * (1 + self.topk), "draft_probs": max_num_seqs * (sampled + (self.budget + 1) * row)}
+
+    def draft_forwards(self, ks) -> int:
+        return self.depth - 1 if any(ks) else 0
+
+    # ---- tree size from measured cost -----------------------------------------------------------
+
+    def calibrate(self) -> Forwards[None]:
+        """With auto_budget: time target forwards verifying 1..budget + 1 tokens over a context of
+        up to CALIBRATION_CONTEXT tokens, in scratch pages given back after."""
+        if not self.auto_budget:
+            return
+        capacity = min(self.ctx.target_arch.max_position, self.pages.allocator.num_pages * self.pages.page_size)
+        context = max(1, min(CALIBRATION_CONTEXT, capacity - self.budget - 2))
+        self.pages.ensure(CALIBRATION_ID, context + self.budget + 1)
+        table = self.pages.table(CALIBRATION_ID)
+        try:
+            yield ForwardPlan(TARGET, [SeqInput([0] * context, 0, table, logits="none")])
+            seconds = {}
+            for t in measure_points(self.budget):
+                chain = [-1] + list(range(t - 2))
+                step = [SeqInput([0] * t, context, table, positions=tree.verify_positions(chain[: t - 1], context), logits="all", tree_mask=tree.verify_mask(chain[: t - 1]))]
+                times = []
+                for _ in range(CALIBRATION_REPEATS):
+                    start = time.perf_counter()
+                    yield ForwardPlan(TARGET, step)
+                    times.append(time.perf_counter() - start)
+                seconds[t] = min(times)
+        finally:
+            self.pages.release(CALIBRATION_ID)
+        self.chooser = TreeBudget(self.budget, seconds)
+
+    def speculates(self, batch: Batch) -> bool:
+        if self.chooser is not None and batch.is_decode:
+            self.step_budget = self.chooser.choose()
+        return super().speculates(batch)
+
+    def update(self, result: StepResult) -> Forwards[None]:
+        """With auto_budget: each verified tree's size and accepted path count for every budget."""
+        if self.chooser is not None and result.accepted_rows is not None:
+            rows, accepted = to_list(result.accepted_rows), to_list(result.num_accepted)
+            for b, size in enumerate(self._sizes):
+                if size:
+                    path = [row - result.row_offsets[b] - 1 for row in rows[b][1 : accepted[b] + 1]]
+                    self.chooser.record_tree(size, path)
+        yield from ()
+
+    def stats(self) -> dict:
+        out = {"tree": "dynamic" if self.dynamic else "static", "tree_budget": self.budget if self.chooser is None else self.chooser.chosen}
+        if self.chooser is not None:
+            out["tree_budget_max"] = self.budget
+            out["verify_cost_s"] = {int(t): float(s) for t, s in zip(self.chooser.verify_t, self.chooser.verify_s)}
+        return out
+
+    # ---- drafting -----------------------------------------------------------------------------
+
+    def propose(self, batch: Batch) -> Forwards[DraftProposal]:
+        start = time.perf_counter()
+        requests = batch.requests
+        ks = [self.step_k(r) for r in requests]
+        treed = [b for b, k in enumerate(ks) if k > 0]
+        grow = self._grow_dynamic if self.dynamic else self._grow_static
+        tokens, parents, probs = yield from grow([requests[b] for b in treed])
+        device = tokens.device
+        full = torch.full((len(requests), tokens.shape[1]), -1, dtype=torch.int64, device=device)
+        index = torch.tensor(treed, device=device)
+        full.index_copy_(0, index, tokens)
+        full_probs = None
+        if probs is not None:
+            full_probs = torch.zeros(len(requests), *probs.shape[1:], device=device)
+            full_probs.index_copy_(0, index, probs)
+        all_parents: list[list[int]] = [[] for _ in requests]
+        for i, b in enumerate(treed):
+            all_parents[b] = parents[i]
+        self._tokens, self._depths = full, [int(tree.depths(p).max(initial=0)) for p in all_parents]
+        self._sizes = [len(p) for p in all_parents]
+        if self.chooser is not None:
+            self.chooser.record_draft(time.perf_counter() - start)
+        return DraftProposal(full, [len(p) for p in all_parents], full_probs, DraftTree(all_parents))
+
+    def _carried(self, requests: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:  # [B, V], [B, hidden]
+        return torch.stack([self.carried[r.request_id] for r in requests]), torch.stack([self.state[r.request_id] for r in requests])
+
+    def _entries(
+        self,
+        requests: list[Request],
+        tokens: torch.Tensor,  # [B, F] the nodes getting children
+        states: torch.Tensor,  # [B, F, hidden] their parent entries' output states
+        depth: int,  # their depth
+        first_entry: int,  # the step's entry index of the first of them
+        masks: list[np.ndarray],  # [B] [F, first_entry + F] each node's ancestor entries and itself
+    ) -> Forwards[tuple[torch.Tensor, torch.Tensor]]:  # logits [B, F, V], states [B, F, hidden]
+        num, width = tokens.shape
+        inputs = [
+            SeqInput([0] * width, r.num_tokens - 1 + first_entry, self.pages.table(r.request_id),
+                     positions=[r.num_tokens - 2 + depth] * width, logits="all", tree_mask=mask)
+            for r, mask in zip(requests, masks)
+        ]
+        out = yield ForwardPlan(HEAD, inputs, input_ids=tokens.reshape(-1), hidden_states=states.reshape(num * width, -1))
+        return out.logits.view(num, width, -1), out.hidden.view(num, width, -1)
+
+    def _grow_dynamic(self, requests: list[Request]) -> Forwards[tuple[torch.Tensor, list[list[int]], None]]:
+        """EAGLE-2: expand the best `topk` frontier nodes per level, rerank every candidate."""
+        logits, state = self._carried(requests)
+        num, k = len(requests), self.topk
+        scores, tokens = logits.float().log_softmax(-1).topk(k, dim=-1)  # [B, k]
+        cand = dict(tokens=[tokens], scores=[scores], parents=[torch.full_like(tokens, -1)], depths=[1])
+        front, front_states = torch.arange(k).expand(num, k), state[:, None].expand(num, k, -1)
+        front_tokens, front_scores = tokens, scores
+        masks = [np.eye(k, dtype=bool)] * num  # [B] [k, entries] each frontier node's ancestor entries and its own
+        for depth in range(2, self.depth + 1):
+            first = k * (depth - 2)
+            logits, states = yield from self._entries(requests, front_tokens, front_states, depth - 1, first, masks)
+            child_tokens, child_scores = tree.top_children(logits.float().log_softmax(-1), front_scores, k)  # [B, k, k]
+            offset = sum(t.shape[1] for t in cand["tokens"])
+            cand["tokens"].append(child_tokens.reshape(num, -1))
+            cand["scores"].append(child_scores.reshape(num, -1))
+            cand["parents"].append(front.to(tokens.device).repeat_interleave(k, dim=1))
+            cand["depths"].append(depth)
+            if depth == self.depth:
+                break
+            pick = child_scores.reshape(num, -1).topk(k, dim=-1).indices  # [B, k] among this level's k * k
+            slot = pick // k  # the frontier entry each new frontier node hangs from
+            front = offset + pick
+            front_tokens = child_tokens.reshape(num, -1).gather(1, pick)
+            front_scores = child_scores.reshape(num, -1).gather(1, pick)
+            front_states = states.gather(1, slot[..., None].expand(-1, -1, states.shape[-1]))
+            # the next masks: the parent entry's row, then its own entry (a host read per level)
+            masks = [np.concatenate([m[s], np.eye(k, dtype=bool)], 1) for m, s in zip(masks, slot.tolist())]
+        return self._rerank(cand)
+
+    def _rerank(self, cand: dict) -> tuple[torch.Tensor, list[list[int]], None]:
+        tokens, scores = torch.cat(cand["tokens"], 1), torch.cat(cand["scores"], 1)
+        parents = torch.cat(cand["parents"], 1)
+        depths = torch.cat([torch.full((tokens.shape[0], t.shape[1]), d, dtype=torch.int64, device=tokens.device)
+                            for t, d in zip(cand["tokens"], cand["depths"])], 1)
+        kept = tree.rerank(scores, depths, self.step_budget)  # [B, n]
+        return tokens.gather(1, kept), tree.remap_parents(kept, parents).tolist(), None
+
+    def _grow_static(self, requests: list[Request]) -> Forwards[tuple[torch.Tensor, list[list[int]], torch.Tensor | None]]:
+        """Fixed shape: each node's children are its entry's best tokens (or sampled ones)."""
+        parents = self.static[0][: self.step_budget]  # the first b nodes are the tree of budget b
+        kids = tree.children(parents)
+        node_depths = tree.depths(parents)
+        logits, state = self._carried(requests)
+        num, n = len(requests), len(parents)
+        tokens = torch.full((num, n), -1, dtype=torch.int64, device=logits.device)
+        probs = torch.zeros(num, n, logits.shape[-1], device=logits.device) if self.sampled else None
+        self._choose_children(requests, logits[:, None], [kids[0]], tokens, probs)
+        entry_of: dict[int, int] = {}  # node -> its entry index
+        entry_states: list[torch.Tensor] = []  # [B, hidden] per entry
+        for depth in range(1, int(node_depths.max(initial=0))):
+            level = [i for i in range(n) if node_depths[i] == depth and kids[i + 1]]
+            first = len(entry_of)
+            entry_of.update({i: first + j for j, i in enumerate(level)})
+            masks = [_static_mask(parents, level, entry_of)] * num
+            src = torch.stack([state if parents[i] < 0 else entry_states[entry_of[parents[i]]] for i in level], 1)
+            logits, states = yield from self._entries(requests, tokens[:, level], src, depth, first, masks)
+            entry_states += list(states.unbind(1))
+            self._choose_children(requests, logits, [kids[i + 1] for i in level], tokens, probs)
+        return tokens, [list(parents)] * num, probs
+
+    def _choose_children(self, requests, logits, groups: list[list[int]], tokens, probs) -> None:
+        """Fill `tokens` (and `probs`) at each group's nodes from the logits [B, G, V] of their
+        parent: its best tokens, or draws without replacement from its processed law."""
+        for g, nodes in enumerate(groups):
+            index = torch.tensor(nodes, device=tokens.device)
+            if not self.sampled:
+                tokens.index_copy_(1, index, logits[:, g].topk(len(nodes), dim=-1).indices)
+                continue
+            q = processed_probs(logits[:, g], SamplingTensors.from_params([r.params for r in requests], logits.device))
+            drawn = tree.sample_without_replacement(q, len(nodes), [r.generator for r in requests], self.ctx.generator)
+            tokens.index_copy_(1, index, drawn)
+            probs.index_copy_(1, index, tree.sibling_draft_probs(q, drawn))
+
+    # ---- after the verify forward -----------------------------------------------------------
+
+    def launch(self, result: StepResult) -> Forwards[None]:
+        """On a tree step: the head over each sequence's root and accepted path, with the
+        target's states at those rows; no host reads."""
+        if result.accepted_rows is None:
+            yield from super().launch(result)
+            return
+        rows, device = result.accepted_rows, result.hidden_states.device  # [B, D + 1]
+        width = rows.shape[1]
+        keep = [b * width + j for b, d in enumerate(self._depths) for j in range(d + 1)]
+        keep_index = torch.tensor(keep, device=device)
+        offsets = torch.tensor(result.row_offsets[:-1], device=device)
+        nodes = (rows[:, 1:] - offsets[:, None] - 1).clamp(min=0)  # [B, D] path nodes (junk past the accepted)
+        following = torch.cat([self._tokens.gather(1, nodes.clamp(max=max(self._tokens.shape[1] - 1, 0))), torch.zeros_like(rows[:, :1])], 1)
+        column = torch.arange(width, device=device)
+        accepted = result.num_accepted[:, None]
+        tokens = torch.where(column < accepted, following, torch.where(column == accepted, result.bonus_token_ids[:, None], 0))
+        inputs = [SeqInput([0] * (d + 1), result.kv_starts[b], self.pages.table(r.request_id), logits="all")
+                  for b, (r, d) in enumerate(zip(result.requests, self._depths))]
+        hidden = result.hidden_states.index_select(0, rows.reshape(-1).index_select(0, keep_index))
+        out = yield ForwardPlan(HEAD, inputs, input_ids=tokens.reshape(-1).index_select(0, keep_index), hidden_states=hidden)
+        starts = torch.tensor(np.cumsum([0] + [d + 1 for d in self._depths[:-1]]), device=device)
+        last = starts + result.num_accepted
+        logits, states = out.logits.index_select(0, last), out.hidden.index_select(0, last)
+        for b, r in enumerate(result.requests):
+            self.carried[r.request_id], self.state[r.request_id] = logits[b], states[b]
+
+
+def _static_mask(parents: list[int], level: list[int], entry_of: dict[int, int]) -> np.ndarray:
+    """[len(level), entries so far] each level node's ancestor entries and its own."""
+    mask = np.zeros((len(level), len(entry_of)), dtype=bool)
+    for row, node in enumerate(level):
+        i = node
+        while i >= 0:
+            if i in entry_of:
+                mask[row, entry_of[i]] = True
+            i = parents[i]
+    return mask

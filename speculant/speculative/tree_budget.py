@@ -1,0 +1,75 @@
+"""Tree size from measured cost: the node budget that maximises expected tokens per second.
+
+Verifying many tokens is not free on a CPU (a 9-token verify costs a few 1-token steps), nearly
+so on a GPU; so the budget comes from two measurements instead of a constant:
+
+- the verify cost curve: seconds of one target forward verifying t tokens over a fixed context,
+  measured at start-up (`measure_points`), interpolated linearly between the measured t;
+- acceptance by budget: trees list their nodes in rank order (parents first), so the tree of
+  budget b is the first b nodes of a bigger one, and the path it would have accepted is the
+  accepted path's nodes of index < b. Every verified tree thus counts for every budget up to
+  its size. Until `WARMUP` trees are seen, and then one step in `EXPLORE`, the largest budget is
+  verified so that every budget keeps being measured.
+
+expected tokens/s (b) = (1 + mean accepted at b) / (verify seconds (b + 1) + draft seconds)
+Pure arithmetic: no engine, no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from speculant.speculative.cost_model import MovingAverage
+
+WARMUP = 16  # trees verified at the largest budget before choosing
+EXPLORE = 8  # then every EXPLORE-th step verifies the largest budget again
+
+
+def measure_points(max_budget: int) -> list[int]:
+    """Verified-token counts (a tree of b nodes verifies b + 1) to time at start-up."""
+    points, t = [], 1
+    while t < max_budget + 1:
+        points.append(t)
+        t *= 2
+    return points + [max_budget + 1]
+
+
+class TreeBudget:
+    def __init__(self, max_budget: int, verify_seconds: dict[int, float]) -> None:
+        self.max_budget = max_budget
+        self.verify_t = np.array(sorted(verify_seconds), dtype=float)  # [P] verified tokens
+        self.verify_s = np.array([verify_seconds[t] for t in sorted(verify_seconds)])  # [P] seconds
+        self.accepted = np.zeros(max_budget + 1)  # [b] accepted drafts summed over trees of size >= b
+        self.trees = np.zeros(max_budget + 1)  # [b] trees of size >= b seen
+        self.draft_s = MovingAverage(0.0)
+        self.steps = 0
+        self.chosen = max_budget
+
+    def record_tree(self, size: int, path: Sequence[int]) -> None:
+        """One verified tree of `size` nodes whose accepted path has these node indices."""
+        budgets = np.arange(size + 1)
+        within = (np.asarray(path, dtype=np.int64)[None, :] < budgets[:, None]).sum(1) if len(path) else np.zeros(size + 1)
+        self.accepted[: size + 1] += within
+        self.trees[: size + 1] += 1
+
+    def record_draft(self, seconds: float) -> None:
+        self.draft_s.update(seconds)
+
+    def verify_seconds(self, tokens: int) -> float:
+        return float(np.interp(tokens, self.verify_t, self.verify_s))
+
+    def expected_rate(self, budget: int) -> float:
+        """Expected tokens per second of a step verifying a tree of `budget` nodes."""
+        tau = 1.0 + self.accepted[budget] / max(self.trees[budget], 1.0)
+        return tau / (self.verify_seconds(budget + 1) + self.draft_s.value)
+
+    def choose(self) -> int:
+        """The budget of the next step."""
+        self.steps += 1
+        if self.trees[self.max_budget] < WARMUP or self.steps % EXPLORE == 0:
+            return self.max_budget
+        measured = [b for b in range(1, self.max_budget + 1) if self.trees[b] > 0]
+        self.chosen = max(measured, key=self.expected_rate)
+        return self.chosen

@@ -1,0 +1,45 @@
+"""The tree budget chooser: acceptance counted for every budget from each verified tree, and the
+budget maximising expected tokens per second under a measured verify cost curve."""
+
+from __future__ import annotations
+
+import pytest
+
+from speculant.speculative.tree_budget import EXPLORE, WARMUP, TreeBudget, measure_points
+
+
+def test_measure_points_cover_the_budget():
+    assert measure_points(16) == [1, 2, 4, 8, 16, 17]
+    assert measure_points(1) == [1, 2]
+
+
+def test_a_tree_counts_for_every_smaller_budget():
+    budget = TreeBudget(8, {1: 1.0, 9: 1.0})
+    budget.record_tree(8, [0, 2, 5])  # accepted path: nodes 0, 2, 5 (rank order)
+    # budget b keeps nodes < b: b=1 -> [0]; b=3 -> [0, 2]; b=6 -> all three
+    assert budget.accepted.tolist() == [0, 1, 1, 2, 2, 2, 3, 3, 3]
+    budget.record_tree(4, [])
+    assert budget.trees.tolist() == [2, 2, 2, 2, 2, 1, 1, 1, 1]
+
+
+def _chooser(cost_per_token: float) -> TreeBudget:
+    """Trees of 8 nodes whose first 2 nodes are accepted, a third node 1 in 10 trees."""
+    budget = TreeBudget(8, {1: 1.0, 9: 1.0 + 8 * cost_per_token})
+    for i in range(WARMUP + 40):
+        budget.record_tree(8, [0, 1, 7] if i % 10 == 0 else [0, 1])
+    return budget
+
+
+@pytest.mark.parametrize(("cost_per_token", "expected"), [(0.0, 8), (0.5, 2)])
+def test_the_budget_follows_the_cost_curve(cost_per_token, expected):
+    budget = _chooser(cost_per_token)
+    chosen = [budget.choose() for _ in range(2 * EXPLORE)]
+    assert chosen.count(8) >= 2  # exploration keeps the largest budget measured
+    assert budget.chosen == expected
+    assert max(range(1, 9), key=budget.expected_rate) == expected
+
+
+def test_the_largest_budget_until_warm():
+    budget = TreeBudget(8, {1: 1.0, 9: 100.0})
+    budget.record_tree(8, [0])
+    assert budget.choose() == 8
