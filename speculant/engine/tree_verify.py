@@ -72,8 +72,8 @@ def _accept(engine, batch: Batch, proposal: DraftProposal, logits: torch.Tensor,
         argmax = pad_ragged(logits.argmax(-1)[:, None], count_tensor, width)[..., 0]  # [B, n + 1]
         return accept_tree_greedy(proposal.token_ids, proposal.tree.parents, argmax)
     probs = pad_ragged(processed_probs(logits, st.repeat_interleave(count_tensor)), count_tensor, width)
-    generators = [r.generator for r in requests]
-    return accept_tree(proposal.token_ids, proposal.tree.parents, proposal.draft_probs, probs, generators, engine.generator)
+    noise, positions = [r.noise for r in requests], [r.num_tokens for r in requests]
+    return accept_tree(proposal.token_ids, proposal.tree.parents, proposal.draft_probs, probs, noise, positions, engine.generator)
 
 
 def _accepted_rows(result: TreeAcceptResult, offsets: list[int]) -> torch.Tensor:  # [B, D + 1]

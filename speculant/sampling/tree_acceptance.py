@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from speculant.sampling.rng import sample_from_weights
+from speculant.sampling.rng import PositionNoise, sample_from_weights
 from speculant.speculative.tree import ancestor_table, children
 
 
@@ -77,24 +77,49 @@ def accept_tree(
     parents: Sequence[Sequence[int]],  # [B][n_b]
     draft_probs: torch.Tensor | None,  # [B, n, V] q_c, the law node c was drawn from; None: one-hot at the token
     target_probs: torch.Tensor,  # [B, n + 1, V] processed target laws at the root (0) and node i (i + 1)
-    generators: Sequence[torch.Generator | None] | None = None,  # [B]
+    noise: Sequence[PositionNoise | None] | None = None,  # [B] seeded rows' noise; None: unseeded
+    positions: Sequence[int] | None = None,  # [B] sequence position of each root's children
     default_generator: torch.Generator | None = None,
 ) -> TreeAcceptResult:
-    """Walk each tree from the root (see the module docstring). Randomness per row: one uniform
-    per tried child, then V exponentials for the final token."""
+    """Walk each tree from the root (see the module docstring). Unseeded rows draw one uniform
+    per tried child, then V exponentials for the final token, from the default generator. A
+    seeded row (as in `speculant.sampling.acceptance`) takes at each depth the target's keyed
+    sample argmax(p / E) for that position and follows the child holding it, if any: exactly
+    its plain-decoding tokens, whatever the tree."""
     num_rows, n = token_ids.shape
-    generators = [None] * num_rows if generators is None else generators
-    paths, finals = [], []
+    paths, finals, keyed = [], [], {}
     for b in range(num_rows):
-        q = None if draft_probs is None else draft_probs[b]
-        path, p = _walk(token_ids[b], parents[b], q, target_probs[b], generators[b], default_generator)
+        if noise is not None and noise[b] is not None:
+            path, keyed[b] = _walk_keyed(token_ids[b], parents[b], target_probs[b], noise[b], positions[b])
+            p = target_probs[b, 0].float()
+        else:
+            q = None if draft_probs is None else draft_probs[b]
+            path, p = _walk(token_ids[b], parents[b], q, target_probs[b], None, default_generator)
         paths.append(path)
         finals.append(p)
-    final = sample_from_weights(torch.stack(finals), list(generators), default_generator)
+    final = sample_from_weights(torch.stack(finals), None, default_generator)
+    for b, token in keyed.items():
+        final[b] = token
     width = max((_depth_max(p) for p in parents if len(p)), default=0)
     path = torch.tensor(_padded([np.asarray(x, dtype=np.int64) for x in paths], width, -1), device=token_ids.device)
     num_accepted = torch.tensor([len(x) for x in paths], dtype=torch.int64, device=token_ids.device)
     return TreeAcceptResult(_emitted(token_ids, path, num_accepted, final), path, num_accepted)
+
+
+def _walk_keyed(tokens, parents, target_probs, noise: PositionNoise, position: int) -> tuple[list[int], int]:
+    """A seeded tree: (accepted node indices, the keyed sample after them)."""
+    kids = children(parents)
+    tokens_host = tokens.tolist()
+    node, path = -1, []
+    while True:
+        p = target_probs[node + 1].float()
+        e = noise.exponentials([position + len(path)], p.shape[-1], p.device)[0]
+        sample = int((p / e).argmax())
+        match = [c for c in kids[node + 1] if tokens_host[c] == sample]
+        if not match:
+            return path, sample
+        node = match[0]
+        path.append(node)
 
 
 def _walk(tokens, parents, q, target_probs, generator, default_generator) -> tuple[list[int], torch.Tensor]:

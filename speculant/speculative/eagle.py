@@ -259,7 +259,8 @@ class EagleProposer(MtpProposer):
                 tokens.index_copy_(1, index, logits[:, g].topk(len(nodes), dim=-1).indices)
                 continue
             q = processed_probs(logits[:, g], SamplingTensors.from_params([r.params for r in requests], logits.device))
-            drawn = tree.sample_without_replacement(q, len(nodes), [r.generator for r in requests], self.ctx.generator)
+            # the engine's generator for every row: a seeded row's output never depends on its drafts
+            drawn = tree.sample_without_replacement(q, len(nodes), [None] * len(requests), self.ctx.generator)
             tokens.index_copy_(1, index, drawn)
             probs.index_copy_(1, index, tree.sibling_draft_probs(q, drawn))
 

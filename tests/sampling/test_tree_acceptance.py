@@ -90,7 +90,7 @@ def run_trees(params: SamplingParams, siblings: int, drafts: str, seed: int = 0,
             q = torch.cat([law1, law2.reshape(ROWS, siblings * siblings, VOCAB)], 1)
         tokens = torch.cat([first, second.reshape(ROWS, -1)], 1)
         target = torch.cat([p1.expand(ROWS, 1, -1), p2[first], torch.zeros(ROWS, siblings * siblings, VOCAB)], 1)
-        result = accept_tree(tokens, [parents] * ROWS, q, target, None, g)
+        result = accept_tree(tokens, [parents] * ROWS, q, target, default_generator=g)
         out.append(result.token_ids[:, :2])
     return torch.cat(out), p1, p2
 
@@ -127,3 +127,28 @@ def test_without_the_sibling_residual_update_the_law_is_wrong(drafts, monkeypatc
 def test_without_the_without_replacement_draft_update_the_law_is_wrong():
     out = p_values(T1, 3, "sample", q_update=False)
     assert out["x1"] < 1e-9, out
+
+
+def test_seeded_rows_emit_their_keyed_samples_along_the_tree():
+    """A seeded row follows, depth by depth, the child holding the target's keyed sample for
+    that position, and emits the keyed sample where no child holds it: its plain tokens."""
+    from speculant.sampling.rng import PositionNoise
+
+    g = torch.Generator().manual_seed(4)
+    parents, vocab, rows = [-1, -1, 0, 0, 2], 6, 200
+    for b in range(rows):
+        noise, position = PositionNoise(b), 10 + b
+        target = torch.randn(1, len(parents) + 1, vocab, generator=g).mul(2).softmax(-1)
+        tokens = torch.randint(vocab, (1, len(parents)), generator=g)
+        out = accept_tree(tokens, [parents], None, target, [noise], [position]).token_ids[0].tolist()
+        node, expected = -1, []
+        while True:
+            p = target[0, node + 1]
+            e = noise.exponentials([position + len(expected)], vocab, "cpu")[0]
+            sample = int((p / e).argmax())
+            expected.append(sample)
+            kids = [c for c, parent in enumerate(parents) if parent == node and tokens[0, c] == sample]
+            if not kids:
+                break
+            node = kids[0]
+        assert out[: len(expected)] == expected and all(t == -1 for t in out[len(expected) :])
