@@ -1,4 +1,4 @@
-"""`speculant generate|serve|bench|fetch`: the command line."""
+"""`speculant generate|serve|bench|train-head|fetch`: the command line."""
 
 from __future__ import annotations
 
@@ -141,6 +141,12 @@ def _fetch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train_head(args: argparse.Namespace) -> int:
+    from speculant.training.command import run_train_head
+
+    return run_train_head(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="speculant", description="LLM inference with speculative decoding")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -166,6 +172,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_arguments(bench)
     _bench_args(bench)
     bench.set_defaults(func=_bench)
+    from speculant.training.command import add_train_head_arguments
+
+    train = sub.add_parser("train-head", help="train a draft head (MTP/EAGLE) for a model: responses, hidden states, training")
+    add_train_head_arguments(train)
+    train.set_defaults(func=_train_head)
     fetch = sub.add_parser("fetch", help="download named models into the cache")
     fetch.add_argument("names", nargs="+")
     fetch.set_defaults(func=_fetch)
@@ -176,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     from speculant.loader.errors import CheckpointError
 
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # for commands that record how they ran
     try:
         return args.func(args)
     except (ValueError, CheckpointError) as e:  # bad input: one clear line, no traceback

@@ -1,0 +1,172 @@
+"""Train a draft head on precomputed hidden-state shards: AdamW, linear warm-up then cosine decay,
+gradient clipping, checkpoints every N steps with exact resume, a CSV loss log and its PNG.
+
+Multi-process training runs under `torchrun` (DistributedDataParallel; gloo on CPU, NCCL on
+CUDA): every rank computes the same global batch plan and takes every world-th sequence of it;
+the loss is normalized by the global batch's entry count, so the gradient DDP averages equals a
+single process's on the whole batch. Rank 0 alone writes files.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pathlib
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from speculant.models.head import HEAD_VARIANTS, init_head_weights
+from speculant.training.batches import BatchPlan, build_batch, sequence_refs, trained_entries
+from speculant.training.curves import CurveLog, plot_curves
+from speculant.training.hidden import load_counts, load_shards
+from speculant.training.objective import HeadObjective
+from speculant.training.target import TargetTensors, save_trained_head
+
+CHECKPOINT = "checkpoint.pt"
+CURVE = "train_log.csv"
+PLOT = "loss.png"
+HEAD_DIR = "head"
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    variant: str = "normed"
+    draft_vocab: int = 0  # keep the N most frequent response tokens; 0 = the full vocabulary
+    unroll: int = 1  # train unroll steps 1..S (steps >= 2 read the head's own outputs)
+    steps: int = 1000
+    batch_tokens: int = 2048  # head entries per optimizer step (global); longer sequences are cut
+    lr: float = 1e-3
+    warmup_steps: int = 50
+    min_lr_ratio: float = 0.1  # cosine decays to lr * this at the last step
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    hidden_weight: float = 0.1  # weight of the smooth-L1 regression to h_{i+1}
+    seed: int = 0
+    checkpoint_every: int = 100
+
+    def __post_init__(self) -> None:
+        if self.variant not in HEAD_VARIANTS:
+            raise ValueError(f"variant must be one of {list(HEAD_VARIANTS)}, got {self.variant!r}")
+        for name in ("unroll", "steps", "batch_tokens", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.draft_vocab < 0:
+            raise ValueError(f"draft_vocab must be >= 0, got {self.draft_vocab}")
+
+
+def lr_at(step: int, o: TrainOptions) -> float:
+    """Learning rate of optimizer step `step` (0-based): linear warm-up, then cosine to the floor."""
+    if step < o.warmup_steps:
+        return o.lr * (step + 1) / o.warmup_steps
+    progress = (step - o.warmup_steps) / max(1, o.steps - o.warmup_steps)
+    return o.lr * (o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
+def reduced_vocab(counts: torch.Tensor, size: int) -> torch.Tensor | None:  # [size] int64 sorted ids
+    """The `size` most frequent target tokens (ties to the lower id), sorted; None for size 0."""
+    if size == 0 or size >= counts.numel():
+        return None
+    order = torch.argsort(-counts, stable=True)
+    return order[:size].sort().values
+
+
+def _dist() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def train(
+    hidden_dir: pathlib.Path, out_dir: pathlib.Path, target: TargetTensors, options: TrainOptions,
+    progress: bool = True, stop_after: int | None = None, device: torch.device | None = None,
+    record: dict | None = None,
+) -> pathlib.Path:
+    """Train (resuming from out_dir's checkpoint) and save the head; returns its folder.
+    `stop_after` stops after that many optimizer steps of this call (tests of resume); `record`
+    is added to the head file's training notes (the command, the data)."""
+    device = device or torch.device("cpu")
+    rank, world = _dist()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _, shards = load_shards(hidden_dir)
+    refs = sequence_refs(shards)
+    vocab_map = reduced_vocab(load_counts(hidden_dir), options.draft_vocab)
+    weights = {k: v.to(device) for k, v in init_head_weights(target.arch, options.variant, options.seed).items()}
+    model = HeadObjective(target.arch, options.variant, weights, target.embed.to(device), target.lm_head.to(device),
+                          None if vocab_map is None else vocab_map.to(device), options.unroll, options.hidden_weight)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=options.lr, betas=(0.9, 0.95), weight_decay=options.weight_decay)
+    start = _resume(out_dir / CHECKPOINT, model, optimizer, options, device)
+    ddp_devices = [device] if device.type == "cuda" else None
+    runner = torch.nn.parallel.DistributedDataParallel(model, device_ids=ddp_devices) if world > 1 else model
+    plan = BatchPlan(refs, options.batch_tokens, options.seed)
+    log = CurveLog(out_dir / CURVE, start) if rank == 0 else None
+    end = options.steps if stop_after is None else min(options.steps, start + stop_after)
+    for step in tqdm(range(start, end), initial=start, total=options.steps, desc="train", disable=not progress or rank):
+        row = _train_step(runner, model, optimizer, shards, refs, plan, step, options, (rank, world, device))
+        if log is not None:
+            log.append(row)
+        if rank == 0 and ((step + 1) % options.checkpoint_every == 0 or step + 1 == end):
+            _save_checkpoint(out_dir / CHECKPOINT, model, optimizer, options, step + 1)
+    head_dir = out_dir / HEAD_DIR
+    if rank == 0:
+        save_trained_head(head_dir, model, target, options.variant, {**asdict(options), "steps_done": end, **(record or {})})
+        plot_curves({options.variant: out_dir / CURVE}, out_dir / PLOT)
+    if world > 1:
+        dist.barrier()
+    return head_dir
+
+
+def _train_step(runner, model, optimizer, shards, refs, plan, step, options, where) -> dict:
+    began = time.perf_counter()
+    rank, world, device = where
+    indices = plan.step(step)
+    batch = build_batch(shards, refs, indices[rank::world], options.batch_tokens).to(device)
+    num_global = sum(trained_entries(refs[i], s, options.batch_tokens) for i in indices for s in range(1, options.unroll + 1))
+    lr = lr_at(step, options)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    loss, metrics = runner(batch, num_global, world)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), options.grad_clip))
+    optimizer.step()
+    totals = _global_metrics(metrics, options.unroll, world)
+    entries = sum(min(refs[i].length - 1, options.batch_tokens) for i in indices)
+    summed = sum(totals[f"ce_{s}"] + options.hidden_weight * totals[f"reg_{s}"] for s in range(1, options.unroll + 1))
+    row = {"step": step + 1, "epoch": plan.epoch_of(step), "lr": lr, "loss": summed / max(num_global, 1),
+           "grad_norm": grad_norm, "entries": entries, "seconds": time.perf_counter() - began}
+    for s in range(1, options.unroll + 1):
+        n = max(totals[f"n_{s}"], 1.0)
+        row |= {f"{m}_{s}": totals[f"{m}_{s}"] / n for m in ("ce", "kl", "acc", "reg")}
+    return row
+
+
+def _global_metrics(metrics: dict[str, float], unroll: int, world: int) -> dict[str, float]:
+    keys = [f"{m}_{s}" for s in range(1, unroll + 1) for m in ("ce", "kl", "reg", "acc", "n")]
+    values = torch.tensor([metrics.get(k, 0.0) for k in keys], dtype=torch.float64)
+    if world > 1:
+        dist.all_reduce(values)
+    return dict(zip(keys, values.tolist()))
+
+
+def _save_checkpoint(path: pathlib.Path, model, optimizer, options: TrainOptions, step: int) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save({"step": step, "params": model.state_dict(), "optim": optimizer.state_dict(), "options": asdict(options)}, tmp)
+    os.replace(tmp, path)
+
+
+def _resume(path: pathlib.Path, model, optimizer, options: TrainOptions, device: torch.device) -> int:
+    if not path.exists():
+        return 0
+    state = torch.load(path, weights_only=True, map_location=device)
+    saved = {k: v for k, v in state["options"].items() if k not in ("steps", "checkpoint_every")}
+    now = {k: v for k, v in asdict(options).items() if k not in ("steps", "checkpoint_every")}
+    if saved != now:
+        changed = {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
+        raise ValueError(f"{path}: a checkpoint of other training options {changed} (old, new); use another --out")
+    model.load_state_dict(state["params"])
+    optimizer.load_state_dict(state["optim"])
+    return int(state["step"])

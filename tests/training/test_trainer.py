@@ -1,0 +1,196 @@
+"""Head training: the loss falls on a toy set until the head matches the target, resume continues
+bit for bit, the shared tensors stay frozen, two DDP processes equal one, and the trained head is
+what the inference head computes on the same (shifted) inputs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from speculant.attention.batch import SeqInput
+from speculant.config import ModelConfig
+from speculant.executor.executor import Executor
+from speculant.executor.loading import build_runner
+from speculant.executor.plan import TARGET, ForwardPlan, ModelSpec
+from speculant.loader.errors import CheckpointError
+from speculant.loader.head_file import checkpoint_sha256, load_head
+from speculant.models.head import init_head_weights
+from speculant.training.batches import BatchPlan, build_batch, sequence_refs, trained_entries
+from speculant.training.curves import read_curve
+from speculant.training.hidden import HiddenOptions, Sequence, load_shards, precompute
+from speculant.training.objective import _chain_mask
+from speculant.training.target import target_tensors
+from speculant.training.trainer import CURVE, TrainOptions, lr_at, reduced_vocab, train
+
+FAST = TrainOptions(steps=6, batch_tokens=64, lr=3e-3, warmup_steps=2, checkpoint_every=2, draft_vocab=120, unroll=2)
+
+
+@pytest.fixture(scope="module")
+def hidden_dir(tmp_path_factory, checkpoint):
+    """Shards over a few toy conversations (prompt of 4 tokens, periodic responses)."""
+    g = torch.Generator().manual_seed(0)
+    sequences = []
+    for n in range(7):
+        prompt = torch.randint(3, 260, (4,), generator=g).tolist()
+        sequences.append(Sequence(prompt + [10 + (n + i) % 7 for i in range(12 + 3 * n)], prompt_len=4))
+    folder = tmp_path_factory.mktemp("hidden")
+    options = HiddenOptions(top_k=8, max_seq_len=64, forward_tokens=64, shard_tokens=60, page_size=4)
+    precompute(checkpoint, ModelConfig(model="tiny"), sequences, folder, options, progress=False)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def target(checkpoint):
+    return target_tensors(checkpoint, "tiny")
+
+
+def _head(folder):
+    return load_head(folder / "head").weights
+
+
+def test_loss_falls_until_the_head_matches_the_target(tmp_path, hidden_dir, target):
+    options = TrainOptions(steps=200, lr=3e-2, warmup_steps=5, batch_tokens=512, hidden_weight=0.0, checkpoint_every=200)
+    train(hidden_dir, tmp_path, target, options, progress=False)
+    rows = read_curve(tmp_path / CURVE)
+    first, last = float(rows[0]["kl_1"]), float(rows[-1]["kl_1"])  # KL(target || head) per entry
+    assert last < 0.05 * first
+    assert float(rows[-1]["acc_1"]) > 0.85  # the head's top token is mostly the target's
+    assert (tmp_path / "loss.png").stat().st_size > 0
+
+
+def test_resume_continues_bit_for_bit(tmp_path, hidden_dir, target):
+    train(hidden_dir, tmp_path / "straight", target, FAST, progress=False)
+    train(hidden_dir, tmp_path / "resumed", target, FAST, progress=False, stop_after=3)
+    train(hidden_dir, tmp_path / "resumed", target, FAST, progress=False)
+    a, b = _head(tmp_path / "straight"), _head(tmp_path / "resumed")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    drop_time = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]  # noqa: E731
+    assert drop_time(read_curve(tmp_path / "straight" / CURVE)) == drop_time(read_curve(tmp_path / "resumed" / CURVE))
+
+
+def test_changed_options_refuse_to_resume(tmp_path, hidden_dir, target):
+    train(hidden_dir, tmp_path, target, FAST, progress=False, stop_after=2)
+    with pytest.raises(ValueError, match="other training options.*lr"):
+        train(hidden_dir, tmp_path, target, dataclasses.replace(FAST, lr=1.0), progress=False)
+
+
+def test_shared_tensors_stay_frozen_and_out_of_the_head_file(tmp_path, hidden_dir, target, checkpoint):
+    embed_before = target.embed.clone()
+    train(hidden_dir, tmp_path, target, FAST, progress=False)
+    assert torch.equal(target.embed, embed_before) and not target.embed.requires_grad
+    assert target.embed.data_ptr() == checkpoint.weights["model.embed_tokens.weight"].data_ptr()  # not a copy
+    head = load_head(tmp_path / "head", expect_sha256=checkpoint_sha256(checkpoint))
+    assert not any("embed" in k or "lm_head" in k for k in head.weights)
+    assert head.config.draft_vocab_size == 120 and head.weights["vocab_map"].numel() == 120
+    assert head.config.training["unroll"] == 2 and head.config.target == "tiny"
+    with pytest.raises(CheckpointError, match="trained for target 'tiny'"):
+        load_head(tmp_path / "head", expect_sha256="0" * 64)
+
+
+def _ddp_worker(rank: int, world: int, rendezvous: str, hidden_dir, out_dir, target, options) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
+    try:
+        train(hidden_dir, out_dir, target, options, progress=False)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_ddp_processes_equal_one(tmp_path, hidden_dir, target):
+    options = dataclasses.replace(FAST, steps=4, batch_tokens=96)
+    assert any(len(BatchPlan(sequence_refs(load_shards(hidden_dir)[1]), 96, 0).step(s)) % 2 for s in range(4))  # an uneven split
+    train(hidden_dir, tmp_path / "one", target, options, progress=False)
+    mp.spawn(_ddp_worker, args=(2, str(tmp_path / "rdv"), hidden_dir, tmp_path / "two", target, options), nprocs=2)
+    a, b = _head(tmp_path / "one"), _head(tmp_path / "two")
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-6)
+    assert float(read_curve(tmp_path / "one" / CURVE)[-1]["ce_1"]) == pytest.approx(float(read_curve(tmp_path / "two" / CURVE)[-1]["ce_1"]), rel=1e-4)
+
+
+def test_trained_head_equals_the_inference_head_on_shifted_inputs(tmp_path, hidden_dir, target, checkpoint):
+    """Entry i reads (h_i, embedding of t_{i+1}): the trainer's logits on a sequence equal the
+    inference head's (`DraftHead` through the executor) fed the target's states shifted by one."""
+    train(hidden_dir, tmp_path, target, dataclasses.replace(FAST, unroll=1), progress=False)
+    _, shards = load_shards(hidden_dir)
+    refs = sequence_refs(shards)
+    batch = build_batch(shards, refs, [2], max_entries=1000)
+    tokens = shards[refs[2].shard]["tokens"][refs[2].start : refs[2].start + refs[2].length].tolist()
+
+    config = ModelConfig(model="tiny")
+    executor = Executor(build_runner(checkpoint, config), lambda: checkpoint_sha256(checkpoint))
+    executor.add_model(ModelSpec("head", ModelConfig(model=str(tmp_path / "head")), head_of=TARGET))
+    executor.allocate_kv(64, 4)
+    hidden = executor.run(ForwardPlan(TARGET, [SeqInput(tokens, 0, list(range(16)), logits="none")])).hidden
+    head_in = SeqInput(tokens[1:], 0, list(range(16, 32)), logits="all")
+    shards_hidden = hidden[:-1].bfloat16().float()  # the precision the shards keep
+    got = executor.run(ForwardPlan("head", [head_in], hidden_states=shards_hidden)).logits  # [L-1, vocab]
+
+    model = _trained_objective(tmp_path, target, checkpoint)
+    expected = model.logits_of(batch)  # [L-1, draft vocab]
+    vocab_map = model.vocab_map
+    torch.testing.assert_close(got[:, vocab_map], expected, atol=2e-4, rtol=1e-4)
+    outside = torch.ones(got.shape[1], dtype=torch.bool)
+    outside[vocab_map] = False
+    assert torch.isinf(got[:, outside]).all()
+
+
+def _trained_objective(folder, target, checkpoint):
+    from speculant.training.objective import HeadObjective
+
+    head = load_head(folder / "head")
+    weights = {k: v for k, v in head.weights.items() if k != "vocab_map"}
+    return HeadObjective(target.arch, head.config.variant, weights, target.embed, target.lm_head, head.weights["vocab_map"])
+
+
+def test_chain_mask_of_an_unrolled_step():
+    seq_ids, local = torch.tensor([0, 0, 0, 1, 1]), torch.tensor([0, 1, 2, 0, 1])
+    step1 = _chain_mask(seq_ids, local, 1)
+    assert step1.tolist() == [
+        [1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [0, 0, 0, 1, 0], [0, 0, 0, 1, 1],
+    ]
+    step2 = _chain_mask(seq_ids, local, 2).int()
+    # entry 2 of sequence 0: step-1 entries 0..1 (the target's states), its own step-2 entry
+    assert step2[2].tolist() == [1, 1, 0, 0, 0] + [0, 0, 1, 0, 0]
+    assert step2[4].tolist() == [0, 0, 0, 1, 0] + [0, 0, 0, 0, 1]
+
+
+def test_attention_in_blocks_equals_one_block(hidden_dir, target):
+    from speculant.training.objective import HeadObjective
+
+    _, shards = load_shards(hidden_dir)
+    refs = sequence_refs(shards)
+    batch = build_batch(shards, refs, list(range(len(refs))), max_entries=100)
+    weights = init_head_weights(target.arch, "normed", seed=3)
+    results = []
+    for block in (1, 10**9):  # every sequence alone; the whole batch under one mask
+        model = HeadObjective(target.arch, "normed", weights, target.embed, target.lm_head, None, unroll=3, hidden_weight=0.1)
+        model.attention_block = block
+        loss, _ = model(batch, num_global=100)
+        loss.backward()
+        results.append((loss.detach(), [p.grad for p in model.parameters()]))
+    (loss_a, grads_a), (loss_b, grads_b) = results
+    torch.testing.assert_close(loss_a, loss_b)
+    for a, b in zip(grads_a, grads_b):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+
+
+def test_trained_entries_match_the_step_masks(hidden_dir):
+    _, shards = load_shards(hidden_dir)
+    refs = sequence_refs(shards)
+    batch = build_batch(shards, refs, list(range(len(refs))), max_entries=20)
+    for step in (1, 2, 3):
+        assert int(batch.step_mask(step).sum()) == sum(trained_entries(r, step, 20) for r in refs)
+
+
+def test_learning_rate_schedule_and_reduced_vocabulary():
+    o = TrainOptions(steps=100, lr=1.0, warmup_steps=10, min_lr_ratio=0.1)
+    assert lr_at(0, o) == pytest.approx(0.1) and lr_at(9, o) == pytest.approx(1.0)
+    assert lr_at(99, o) == pytest.approx(0.1, abs=1e-3) and lr_at(55, o) < lr_at(20, o)
+    counts = torch.tensor([0, 5, 3, 5, 1, 9])
+    assert reduced_vocab(counts, 3).tolist() == [1, 3, 5]  # ties go to the lower id
+    assert reduced_vocab(counts, 0) is None and reduced_vocab(counts, 6) is None
