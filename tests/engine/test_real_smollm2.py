@@ -65,3 +65,14 @@ def test_chat_answer_is_coherent(setup):
     llm, _, _ = setup
     (out,) = llm.chat([{"role": "user", "content": "What is the capital of France?"}], SamplingParams(max_tokens=24, temperature=0))
     assert "Paris" in out.text
+
+
+def test_shipped_mtp_head_is_found_and_lossless(setup):
+    """`speculative="mtp"` finds the head shipped for smollm2-135m; its greedy output equals
+    plain greedy output on real chat prompts (batched), with drafts accepted."""
+    llm, _, prompts = setup
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
+    plain = [o.token_ids for o in llm.generate(prompts, params)]
+    mtp = LLM(model="smollm2-135m", speculative="mtp", num_draft_tokens=3, page_size=4, max_num_batched_tokens=2048)
+    assert [o.token_ids for o in mtp.generate(prompts, params)] == plain
+    assert mtp.stats()["accepted_tokens"] > 0
