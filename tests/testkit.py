@@ -238,3 +238,13 @@ def fit_head(hf_model, sequences: list[list[int]], variant: str = "normed", step
         final["vocab_map"] = vocab_map
     cfg = HeadFileConfig(variant, "tiny", checkpoint_sha256(ckpt), arch.hidden_size, 0 if vocab_map is None else len(vocab_map))
     return HeadCheckpoint(cfg, final)
+
+
+def greedy_params(max_tokens: int = 24):
+    from speculant import SamplingParams
+
+    return SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+
+
+# prompts of several lengths, repeats included, for greedy-equality tests of speculation
+MIXED_PROMPTS = [[5, 6, 7, 8, 9], list(range(10, 40)), [3], list(range(50, 61)), [9, 9, 9, 9], list(range(100, 117)), [7, 1], list(range(60, 68))]

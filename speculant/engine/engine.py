@@ -26,7 +26,7 @@ from speculant.core import (
     StepResult,
 )
 from speculant.engine.memory import plan_engine, resolve_budget
-from speculant.engine.output import OutputProcessor
+from speculant.engine.output import OutputProcessor, split_like
 from speculant.engine.sampling_rows import SamplingRows
 from speculant.engine.stats import EngineStats
 from speculant.engine.tree_verify import verify_tree
@@ -205,7 +205,7 @@ class Engine:
         logprobs, tops = self._logprobs(out.logits, [t for e in emitted for t in e], sampling)
         for s in batch.seqs:
             s.request.num_computed_tokens += s.num_new_tokens
-        return StepOutput(emitted, _split(logprobs, emitted), _split(tops, emitted)), result
+        return StepOutput(emitted, split_like(logprobs, emitted), split_like(tops, emitted)), result
 
     def _sample_rows(self, logits: torch.Tensor, samples: list[bool], requests: list[Request]) -> torch.Tensor:
         """[B] int64: the sampled token of each sequence that samples (`logits` row by row), -1 elsewhere."""
@@ -254,7 +254,7 @@ class Engine:
         flat = [t for b, e in enumerate(emitted) for t in e]
         rows = [start + j for start, e in zip(offsets, emitted) for j in range(len(e))]
         logprobs, tops = self._logprobs(logits[rows], flat, batch.requests)
-        return StepOutput(emitted, _split(logprobs, emitted), _split(tops, emitted)), step
+        return StepOutput(emitted, split_like(logprobs, emitted), split_like(tops, emitted)), step
 
     def _verify_tree(self, batch: Batch, proposal: DraftProposal) -> tuple[StepOutput, StepResult]:
         return verify_tree(self, batch, proposal)
@@ -307,17 +307,6 @@ class Engine:
         self.scheduler.remove(request)
         self.proposer.release(request)
         self.rows.release(request.request_id)
-
-
-def _split(flat: list[float] | None, emitted: list[list[int]]) -> list[list[float]] | None:
-    """Per-sequence slices of a flat list laid out like `emitted`."""
-    if flat is None:
-        return None
-    out, i = [], 0
-    for e in emitted:
-        out.append(flat[i : i + len(e)])
-        i += len(e)
-    return out
 
 
 def _offsets(num_rows: list[int]) -> list[int]:

@@ -124,3 +124,14 @@ def completion_stats(req: Request) -> CompletionStats:
         draft_tokens=req.spec_stats.draft_tokens,
         accepted_tokens=req.spec_stats.accepted_tokens,
     )
+
+
+def split_like(flat: list | None, emitted: list[list[int]]) -> list[list] | None:
+    """Per-sequence slices of a flat list laid out like `emitted` (logprobs of emitted tokens)."""
+    if flat is None:
+        return None
+    out, i = [], 0
+    for e in emitted:
+        out.append(flat[i : i + len(e)])
+        i += len(e)
+    return out

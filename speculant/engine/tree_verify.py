@@ -16,6 +16,7 @@ import torch
 
 from speculant.attention.batch import SeqInput
 from speculant.core import Batch, DraftProposal, StepOutput, StepResult
+from speculant.engine.output import split_like
 from speculant.executor.plan import TARGET, ForwardPlan
 from speculant.sampling.acceptance import pad_ragged
 from speculant.sampling.sampler import processed_probs
@@ -60,7 +61,7 @@ def verify_tree(engine, batch: Batch, proposal: DraftProposal) -> tuple[StepOutp
     flat = [t for e in emitted for t in e]
     logit_rows = [rows_host[b][j] for b, e in enumerate(emitted) for j in range(len(e))]
     logprobs, tops = engine._logprobs(out.logits[logit_rows], flat, requests)
-    return StepOutput(emitted, _split(logprobs, emitted), _split(tops, emitted)), step
+    return StepOutput(emitted, split_like(logprobs, emitted), split_like(tops, emitted)), step
 
 
 def _accept(engine, batch: Batch, proposal: DraftProposal, logits: torch.Tensor, counts: list[int]) -> TreeAcceptResult:
@@ -107,13 +108,3 @@ def _compact(engine, batch: Batch, parents: list[list[int]], result: TreeAcceptR
 
 def _slot(page_table: list[int], position: int, page_size: int) -> int:
     return page_table[position // page_size] * page_size + position % page_size
-
-
-def _split(flat: list | None, emitted: list[list[int]]) -> list | None:
-    if flat is None:
-        return None
-    out, i = [], 0
-    for e in emitted:
-        out.append(flat[i : i + len(e)])
-        i += len(e)
-    return out

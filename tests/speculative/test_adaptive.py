@@ -6,23 +6,12 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from testkit import tiny_hf_model, tiny_llm
+from testkit import greedy_params, tiny_hf_model, tiny_llm
 
-from speculant import SamplingParams
 from speculant.config_options import add_engine_arguments, engine_config_from_args
 
-GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+GREEDY = greedy_params()
 PROMPTS = [[5, 6, 7, 8, 9], list(range(10, 40)), [3], [9, 9, 9, 9, 9, 9], list(range(100, 117)), [7, 1, 7, 1, 7, 1]]
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_hf_model("llama")
-
-
-@pytest.fixture(scope="module")
-def plain_outputs(target):
-    return [o.token_ids for o in tiny_llm(target).generate(PROMPTS, GREEDY)]
 
 
 def check_stats(stats: dict, k_max: int) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from testkit import TinyCheckpoint, tiny_hf_model, tiny_llm
+from testkit import MIXED_PROMPTS, TinyCheckpoint, greedy_params, tiny_hf_model, tiny_llm
 
 from speculant import SamplingParams
 from speculant.attention.batch import SeqInput
@@ -13,23 +13,13 @@ from speculant.executor.loading import build_runner
 from speculant.executor.plan import TARGET, ForwardPlan
 from speculant.speculative.draft_model import DRAFT
 
-GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
-PROMPTS = [[5, 6, 7, 8, 9], list(range(10, 40)), [3], list(range(50, 61)), [9, 9, 9, 9], list(range(100, 117)), [7, 1], list(range(60, 68))]
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_hf_model("llama")
+GREEDY = greedy_params()
+PROMPTS = MIXED_PROMPTS
 
 
 @pytest.fixture(scope="module")
 def weak_draft():
     return tiny_hf_model("llama", seed=5, num_hidden_layers=1)
-
-
-@pytest.fixture(scope="module")
-def plain_outputs(target):
-    return [o.token_ids for o in tiny_llm(target).generate(PROMPTS, GREEDY)]
 
 
 @pytest.mark.parametrize("k", [1, 3, 5])

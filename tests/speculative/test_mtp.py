@@ -5,25 +5,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from testkit import TinyCheckpoint, fit_head, tiny_hf_model, tiny_llm
+from testkit import MIXED_PROMPTS, TinyCheckpoint, fit_head, greedy_params, tiny_hf_model, tiny_llm
 
 from speculant import SamplingParams
 from speculant.engine.memory import tensor_bytes
 from speculant.executor.plan import TARGET
 from speculant.utils import sync
 
-GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
-PROMPTS = [[5, 6, 7, 8, 9], list(range(10, 40)), [3], list(range(50, 61)), [9, 9, 9, 9], list(range(100, 117)), [7, 1], list(range(60, 68))]
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_hf_model("llama")
-
-
-@pytest.fixture(scope="module")
-def plain_outputs(target):
-    return [o.token_ids for o in tiny_llm(target).generate(PROMPTS, GREEDY)]
+GREEDY = greedy_params()
+PROMPTS = MIXED_PROMPTS
 
 
 @pytest.fixture(scope="module")
