@@ -286,11 +286,27 @@ class SpeculativeConfig:
 
 
 @dataclass(frozen=True)
+class ParallelConfig:
+    """Tensor parallelism: the target (and any draft head) sharded over `tensor_parallel_size`
+    ranks; a draft LLM, the scheduler and the page allocator live on rank 0 only."""
+
+    tensor_parallel_size: int = option(1, "ranks the target is sharded over (workers started by the engine, or by torchrun)")
+    worker_timeout_s: float = option(20.0, "seconds the leader waits for a tensor-parallel worker in a collective before it fails")
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if not self.worker_timeout_s > 0:
+            raise ValueError(f"worker_timeout_s must be > 0, got {self.worker_timeout_s}")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig = ModelConfig()
     cache: CacheConfig = CacheConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
     speculative: SpeculativeConfig = SpeculativeConfig()
+    parallel: ParallelConfig = ParallelConfig()
 
     def replace(self, **changes) -> EngineConfig:
         return dataclasses.replace(self, **changes)

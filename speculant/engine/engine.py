@@ -30,8 +30,7 @@ from speculant.engine.output import OutputProcessor, split_like
 from speculant.engine.sampling_rows import SamplingRows
 from speculant.engine.stats import EngineStats
 from speculant.engine.tree_verify import verify_tree
-from speculant.executor.executor import Executor
-from speculant.executor.loading import load_target
+from speculant.executor.executor import create_executor
 from speculant.executor.plan import TARGET, ForwardPlan
 from speculant.kv_cache.allocator import PageAllocator, PageTables
 from speculant.sampling.acceptance import accept_drafts, pad_ragged
@@ -54,8 +53,7 @@ class Engine:
         self.config = config
         self.device = torch.device(config.model.device)
         budget = resolve_budget(config.cache.memory_budget, self.device)  # free memory before any weight
-        target, self.tokenizer, target_sha256 = load_target(config, checkpoint)
-        self.executor = Executor(target, target_sha256)
+        self.executor, self.tokenizer = create_executor(config, checkpoint)
         self.arch = self.executor.arch()
         self.generator = torch.Generator().manual_seed(config.model.seed)
         self.proposer = create_proposer(
@@ -153,6 +151,10 @@ class Engine:
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work
+
+    def close(self) -> None:
+        """Stop what the engine started outside this process (tensor-parallel workers)."""
+        self.executor.close()
 
     # ---- one step -------------------------------------------------------------------------
 

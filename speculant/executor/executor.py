@@ -11,9 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from speculant.attention.batch import build_forward_batch
-from speculant.config import ArchConfig
-from speculant.executor.loading import build_head_runner, build_runner, load_checkpoint_for
+from speculant.attention.batch import ForwardBatch, build_forward_batch
+from speculant.config import ArchConfig, EngineConfig
+from speculant.executor.loading import (
+    build_head_runner,
+    build_runner,
+    load_checkpoint_for,
+    load_target,
+)
 from speculant.executor.model_runner import ModelRunner
 from speculant.executor.plan import TARGET, ForwardPlan, ForwardResult, Forwards, ModelSpec, T
 
@@ -45,11 +50,15 @@ class Executor:
         self._runners[spec.name] = build_runner(checkpoint, spec.config)
 
     def _head_runner(self, spec: ModelSpec) -> ModelRunner:
-        from speculant.loader.head_file import check_target, load_head
-
         base = self._runner(spec.head_of)
         if spec.own_head:  # the checkpoint's own MTP layer: trained with it, nothing to check
             return build_head_runner(base.model.own_head(), base, spec.config)
+        return build_head_runner(self._checked_head(spec, base), base, spec.config)
+
+    def _checked_head(self, spec: ModelSpec, base: ModelRunner):
+        """The head folder's (or in-memory) `HeadCheckpoint`, checked against its base model."""
+        from speculant.loader.head_file import check_target, load_head
+
         expect = self._target_sha256() if self._target_sha256 is not None and spec.head_of == TARGET else None
         head = spec.checkpoint if spec.checkpoint is not None else load_head(spec.config.model, expect)
         if expect is not None:
@@ -59,7 +68,11 @@ class Executor:
                 f"head {spec.config.model!r} has hidden size {head.config.hidden_size}, "
                 f"the {spec.head_of} model {base.arch.hidden_size}"
             )
-        return build_head_runner(head, base, spec.config)
+        return head
+
+    def add_runner(self, name: str, runner: ModelRunner) -> None:
+        """Own an already built runner (a tensor-parallel worker's head shard)."""
+        self._runners[name] = runner
 
     @property
     def model_names(self) -> list[str]:
@@ -101,7 +114,11 @@ class Executor:
         """One forward of `plan.model` over `plan.inputs`."""
         assert self.page_size is not None, "allocate_kv first"
         fb = build_forward_batch(plan.inputs, self.page_size)
-        logits, hidden = self._runner(plan.model).forward(fb, plan.input_embeds, plan.hidden_states, plan.input_ids)
+        return self.forward_batch(plan.model, fb, plan.input_ids, plan.input_embeds, plan.hidden_states)
+
+    def forward_batch(self, model: str, fb: ForwardBatch, input_ids=None, input_embeds=None, hidden_states=None) -> ForwardResult:
+        """One forward of `model` over a built batch (`ForwardPlan`'s tensors, same shapes)."""
+        logits, hidden = self._runner(model).forward(fb, input_embeds, hidden_states, input_ids)
         return ForwardResult(logits, hidden)
 
     def drive(self, forwards: Forwards[T]) -> T:
@@ -112,3 +129,18 @@ class Executor:
                 plan = forwards.send(self.run(plan))
         except StopIteration as done:
             return done.value
+
+    def close(self) -> None:
+        """Release what outlives the process's objects (tensor-parallel workers); idempotent."""
+
+
+def create_executor(config: EngineConfig, checkpoint=None) -> tuple[Executor, object]:
+    """(executor, tokenizer) for the engine: one rank, or the leader of a tensor-parallel group
+    (`speculant.distributed`) when `tensor_parallel_size` > 1."""
+    if config.parallel.tensor_parallel_size > 1:
+        from speculant.distributed.leader import TensorParallelExecutor
+
+        executor = TensorParallelExecutor(config, checkpoint)
+        return executor, executor.tokenizer
+    target, tokenizer, target_sha256 = load_target(config, checkpoint)
+    return Executor(target, target_sha256), tokenizer

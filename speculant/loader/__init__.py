@@ -47,17 +47,21 @@ def load_checkpoint(model: str, dtype: torch.dtype = torch.float32, keep_quantiz
 
 
 def _load_hf_folder(folder: pathlib.Path, dtype: torch.dtype) -> Checkpoint:
-    from transformers import AutoTokenizer
-
     from speculant.loader.hf_loader import load_hf_config, load_hf_weights
 
     arch = load_hf_config(folder)
     weights = load_hf_weights(folder, arch, dtype)
+    return Checkpoint(arch, weights, load_tokenizer(folder), folder)
+
+
+def load_tokenizer(folder: pathlib.Path) -> PreTrainedTokenizerFast:
+    """A Hugging Face folder's tokenizer."""
+    from transformers import AutoTokenizer
+
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        return AutoTokenizer.from_pretrained(str(folder))
     except (OSError, ValueError) as exc:
         raise CheckpointError(folder, f"cannot load the tokenizer ({exc})") from None
-    return Checkpoint(arch, weights, tokenizer, folder)
 
 
 def _load_gguf(path: pathlib.Path, dtype: torch.dtype, keep_quantized: bool = False) -> Checkpoint:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -105,8 +106,15 @@ def _first_id(value: int | list[int] | None) -> int | None:
 
 
 def load_hf_weights(
-    folder: pathlib.Path, arch: ArchConfig, dtype: torch.dtype
+    folder: pathlib.Path,
+    arch: ArchConfig,
+    dtype: torch.dtype,
+    slices: Callable[[str], tuple[int, int, int] | None] | None = None,
 ) -> dict[str, torch.Tensor]:
+    """Every tensor the model needs; `slices(name)` -> (dim, start, stop) reads only that part
+    of a tensor from the file (a tensor-parallel rank's shard), None the whole tensor."""
+    if slices is not None and arch.family == "deepseek_v3":
+        raise CheckpointError(folder, "sliced loading (tensor parallelism) covers the Llama family only")
     if arch.family == "deepseek_v3":
         from speculant.loader.deepseek import load_deepseek_weights
 
@@ -120,7 +128,7 @@ def load_hf_weights(
     wanted = check_shapes(arch, shapes, folder)
     weights: dict[str, torch.Tensor] = {}
     for path, names in by_file.items():
-        weights |= _read_tensors(path, [name for name in names if name in wanted], dtype)
+        weights |= _read_tensors(path, [name for name in names if name in wanted], dtype, slices)
     return weights
 
 
@@ -164,13 +172,20 @@ def _shapes(path: pathlib.Path, names: list[str]) -> dict[str, tuple[int, ...]]:
 
 
 def _read_tensors(
-    path: pathlib.Path, names: list[str], dtype: torch.dtype
+    path: pathlib.Path, names: list[str], dtype: torch.dtype, slices=None
 ) -> dict[str, torch.Tensor]:
     with _open(path) as f:
         try:
-            return {name: f.get_tensor(name).to(dtype) for name in names}
+            return {name: _read(f, name, slices(name) if slices else None).to(dtype) for name in names}
         except (SafetensorError, OSError, RuntimeError) as exc:
             raise CheckpointError(path, f"cannot read tensors ({exc})") from None
+
+
+def _read(f, name: str, part: tuple[int, int, int] | None) -> torch.Tensor:
+    if part is None:
+        return f.get_tensor(name)
+    dim, start, stop = part
+    return f.get_slice(name)[(slice(None),) * dim + (slice(start, stop),)]
 
 
 def _read_json(path: pathlib.Path) -> dict[str, Any]:

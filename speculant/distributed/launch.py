@@ -1,0 +1,121 @@
+"""Starting the workers of a tensor-parallel group and watching them.
+
+On one node the leader spawns ranks 1..N-1 with torch.multiprocessing ("spawn") and serves the
+rendezvous store on a free local port. Under torchrun every rank runs the same command: rank 0
+becomes the leader, the others workers (`speculant.cli` hands them `run_torchrun_worker`), and
+the rendezvous is torchrun's MASTER_ADDR / MASTER_PORT (the env:// convention).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+
+import torch.multiprocessing as mp
+
+from speculant.config import EngineConfig
+from speculant.distributed.group import open_store
+from speculant.distributed.loading import cut_checkpoint
+from speculant.distributed.sharding import Shard
+from speculant.distributed.worker import STARTUP_TIMEOUT_S, worker_main
+
+_POLL_S = 0.05
+
+
+def torchrun_rank() -> int | None:
+    """This process's rank when torchrun started it (RANK and WORLD_SIZE set), else None."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return int(os.environ["RANK"])
+    return None
+
+
+def run_torchrun_worker(config: EngineConfig) -> int:
+    """A torchrun rank > 0: serve the leader until it stops; the exit status."""
+    rank, world = int(os.environ["RANK"]), _torchrun_world(config)
+    worker_main(rank, world, os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29500")), config)
+    return 0
+
+
+def _torchrun_world(config: EngineConfig) -> int:
+    world = int(os.environ["WORLD_SIZE"])
+    if world != config.parallel.tensor_parallel_size:
+        raise ValueError(f"tensor_parallel_size={config.parallel.tensor_parallel_size} but torchrun started WORLD_SIZE={world} ranks")
+    return world
+
+
+class Workers:
+    """The leader's view of ranks 1..N-1: the rendezvous store, and the processes it spawned."""
+
+    def __init__(self, config: EngineConfig, checkpoint=None) -> None:
+        world = config.parallel.tensor_parallel_size
+        self.processes: list[mp.Process] = []
+        if torchrun_rank() is not None:
+            host, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29500"))
+            _torchrun_world(config)
+        else:
+            host, port = "127.0.0.1", _free_port()
+        self.store = open_store(host, port, Shard(0, world), STARTUP_TIMEOUT_S)
+        self.world_size = world
+        if torchrun_rank() is None:
+            self._spawn(config, checkpoint, host, port)
+
+    def _spawn(self, config: EngineConfig, checkpoint, host: str, port: int) -> None:
+        context = mp.get_context("spawn")
+        for rank in range(1, self.world_size):
+            part = cut_checkpoint(checkpoint, Shard(rank, self.world_size)) if checkpoint is not None else None
+            process = context.Process(
+                target=worker_main, args=(rank, self.world_size, host, port, config, part), name=f"speculant-tp{rank}", daemon=True
+            )
+            process.start()
+            self.processes.append(process)
+
+    def wait_for(self, stage: str) -> None:
+        """Block until every worker has written `stage/<rank>` ("up": at the rendezvous, "ready":
+        weights loaded); raise with the worker's own traceback or exit status if one failed."""
+        keys = [f"{stage}/{rank}" for rank in range(1, self.world_size)]
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while not self.store.check(keys):
+            self._raise_if_exited(f"before it was {stage}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"tensor-parallel workers were not {stage} within {STARTUP_TIMEOUT_S:.0f} s")
+            time.sleep(_POLL_S)
+        for rank, key in enumerate(keys, start=1):
+            value = self.store.get(key).decode()
+            if stage == "ready" and value != "ok":
+                raise RuntimeError(f"tensor-parallel worker rank {rank} failed to load its shard:\n{value}")
+
+    def _raise_if_exited(self, when: str) -> None:
+        for rank, p in enumerate(self.processes, start=1):
+            if p.exitcode is not None:
+                raise RuntimeError(f"tensor-parallel worker rank {rank} {describe_exit(p.exitcode)} {when}")
+
+    def describe(self) -> str:
+        """Each spawned worker's state, and any traceback a worker left, for an error message."""
+        states = [f"rank {rank} {describe_exit(p.exitcode) if p.exitcode is not None else 'still running'}" for rank, p in enumerate(self.processes, start=1)]
+        for rank in range(1, self.world_size):
+            if self.store.check([f"failed/{rank}"]):
+                states.append(f"rank {rank} reported:\n{self.store.get(f'failed/{rank}').decode()}")
+        return "; ".join(states) if states else "workers started by torchrun"
+
+    def stop(self, timeout_s: float) -> None:
+        """Join the spawned workers; kill those still running after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        for p in self.processes:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.exitcode is None:
+                p.kill()
+                p.join()
+
+
+def describe_exit(exitcode: int) -> str:
+    if exitcode < 0:
+        return f"was killed by {signal.Signals(-exitcode).name}"
+    return f"exited with status {exitcode}"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,81 @@
+"""A tensor-parallel worker (rank > 0): load this rank's slices, then run what the leader sends.
+
+A worker never schedules or samples: it runs the target's and the heads' forwards the leader
+broadcasts (`channel.Op`), writing its KV heads into the same page ids as the leader, until
+STOP. Rendezvous is a TCPStore at the leader (host, port): spawned workers are handed them,
+torchrun's ranks read MASTER_ADDR / MASTER_PORT (`launch.py`).
+"""
+
+from __future__ import annotations
+
+import traceback
+
+import torch
+
+from speculant.attention.batch import ForwardBatch
+from speculant.config import EngineConfig
+from speculant.distributed.channel import Channel, Message, Op, code_dtype
+from speculant.distributed.group import TPGroup, open_store
+from speculant.distributed.loading import ShardCheckpoint, head_runner, load_part, target_runner
+from speculant.distributed.sharding import Shard
+from speculant.executor.executor import Executor
+from speculant.executor.plan import TARGET
+
+IDLE_TIMEOUT_S = 7 * 24 * 3600.0  # a worker waits this long for the leader's next message
+STARTUP_TIMEOUT_S = 600.0  # for the rendezvous
+
+
+def worker_main(rank: int, world_size: int, host: str, port: int, config: EngineConfig, part: ShardCheckpoint | None = None) -> None:
+    """A worker process's whole life; an error is written to the store for the leader, then raised."""
+    shard = Shard(rank, world_size)
+    store = open_store(host, port, shard, STARTUP_TIMEOUT_S)
+    store.set(f"up/{rank}", "1")
+    try:
+        group = TPGroup(store, shard, torch.device(config.model.device), IDLE_TIMEOUT_S)
+        executor = Executor(target_runner(load_part(config, shard, part), config.model, group))
+        store.set(f"ready/{rank}", "ok")
+    except BaseException:
+        store.set(f"ready/{rank}", traceback.format_exc())
+        raise
+    try:
+        Worker(executor, Channel(group)).serve()
+    except BaseException:
+        store.set(f"failed/{rank}", traceback.format_exc())
+        raise
+
+
+class Worker:
+    def __init__(self, executor: Executor, channel: Channel) -> None:
+        self.executor, self.channel = executor, channel
+        self.models = [TARGET]  # the models every rank runs, in the leader's order (messages index them)
+
+    def serve(self) -> None:
+        handlers = {Op.RUN: self._run, Op.MOVE_KV: self._move_kv, Op.ALLOCATE: self._allocate, Op.ADD_MODEL: self._add_model}
+        while True:
+            message = self.channel.receive()
+            if message.op == Op.STOP:
+                return
+            handlers[message.op](message)
+
+    @torch.inference_mode()
+    def _run(self, m: Message) -> None:
+        model, fb_len, num_ids, embeds_numel, hidden_numel, embeds_dtype, hidden_dtype = m.ints[:7]
+        fb = ForwardBatch.unpack(m.host_int64(fb_len))
+        ids = m.segment(num_ids, torch.int64) if num_ids else None
+        embeds = m.segment(embeds_numel, code_dtype(embeds_dtype)).view(fb.num_tokens, -1) if embeds_numel else None
+        hidden = m.segment(hidden_numel, code_dtype(hidden_dtype)).view(fb.num_tokens, -1) if hidden_numel else None
+        self.executor.forward_batch(self.models[model], fb, ids, embeds, hidden)
+
+    def _move_kv(self, m: Message) -> None:
+        model, count = m.ints[:2]
+        src, dst = m.segment(count, torch.int64), m.segment(count, torch.int64)
+        self.executor.move_kv(self.models[model], src.clone(), dst.clone())
+
+    def _allocate(self, m: Message) -> None:
+        num_pages, page_size = m.ints[:2]
+        self.executor.allocate_kv(num_pages, page_size)
+
+    def _add_model(self, m: Message) -> None:
+        name, model_config, head = m.object(m.ints[0])
+        self.executor.add_runner(name, head_runner(self.executor.runner(TARGET), head, model_config))
+        self.models.append(name)
