@@ -42,6 +42,7 @@ def _generate(args: argparse.Namespace) -> int:
         (out,) = llm.generate([prompt], params)
         print(out.text)
     _print_stats(out, llm.stats(), llm.config.speculative.enabled)
+    llm.close()
     return 0
 
 
@@ -70,8 +71,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_connections=args.max_connections or None,
         drain_timeout_s=args.drain_timeout,
     )
-    run_server(engine_config(args), host=args.host, port=args.port, model_name=args.served_model_name, options=options)
-    return 0
+    return run_server(engine_config(args), host=args.host, port=args.port, model_name=args.served_model_name, options=options)
 
 
 def _server_args(p: argparse.ArgumentParser) -> None:
@@ -189,10 +189,19 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # for commands that record how they ran
     try:
+        if _torchrun_worker(args):  # a torchrun rank > 0 serves rank 0's engine instead
+            from speculant.distributed.launch import run_torchrun_worker
+
+            return run_torchrun_worker(engine_config(args))
         return args.func(args)
     except (ValueError, CheckpointError) as e:  # bad input: one clear line, no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def _torchrun_worker(args: argparse.Namespace) -> bool:
+    rank = os.environ.get("RANK")
+    return rank not in (None, "0") and "WORLD_SIZE" in os.environ and (getattr(args, "tensor_parallel_size", None) or 1) > 1
 
 
 if __name__ == "__main__":

@@ -99,6 +99,10 @@ class LLM:
     def apply_chat_template(self, messages: list[dict]) -> list[int]:
         return chat_prompt_ids(self.tokenizer, messages)
 
+    def close(self) -> None:
+        """Stop the tensor-parallel workers, if any (they also stop when the process exits)."""
+        self.engine.close()
+
     def stats(self) -> dict:
         stats = self.engine.stats.as_dict()
         stats["kv_pages_total"] = self.engine.num_pages

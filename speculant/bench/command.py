@@ -102,7 +102,11 @@ def run_bench(base: EngineConfig, opts: BenchOptions, checkpoint=None, draft_che
     }
     params = SamplingParams(max_tokens=opts.max_tokens, temperature=opts.temperature, seed=opts.seed if opts.temperature > 0 else None)
     start = time.perf_counter()
-    runs = run_suite(llms, items, list(opts.batch_sizes), params, progress=opts.progress)
+    try:
+        runs = run_suite(llms, items, list(opts.batch_sizes), params, progress=opts.progress)
+    finally:
+        for llm in llms.values():
+            llm.close()
     if opts.peers:
         from speculant.bench.peers import run_peers
 

@@ -19,6 +19,7 @@ stopped and every later call raises the same error.
 from __future__ import annotations
 
 import contextlib
+import json
 import weakref
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -32,6 +33,7 @@ from speculant.distributed.group import TPGroup
 from speculant.distributed.launch import Workers
 from speculant.distributed.loading import cut_checkpoint, head_runner, read_shard, target_runner
 from speculant.distributed.sharding import Shard
+from speculant.distributed.worker import holdings
 from speculant.executor.errors import ExecutorFailed
 from speculant.executor.executor import Executor
 from speculant.executor.model_runner import ModelRunner
@@ -87,6 +89,12 @@ class TensorParallelExecutor(Executor):
             with self._group_call():
                 self.channel.send(Op.MOVE_KV, [self._on_every_rank.index(model), src_slots.numel()], [src_slots, dst_slots])
         super().move_kv(model, src_slots, dst_slots)
+
+    def holdings(self) -> list[dict[str, dict[str, int]]]:
+        """What each rank holds (`worker.holdings`), rank 0 first; workers report theirs after
+        each change, through the rendezvous store."""
+        ranks = range(1, self.workers.world_size)
+        return [holdings(self)] + [json.loads(self.workers.store.get(f"holdings/{rank}")) for rank in ranks]
 
     # ---- forwards ---------------------------------------------------------------------------
 

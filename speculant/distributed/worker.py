@@ -8,6 +8,7 @@ torchrun's ranks read MASTER_ADDR / MASTER_PORT (`launch.py`).
 
 from __future__ import annotations
 
+import json
 import traceback
 
 import torch
@@ -38,24 +39,51 @@ def worker_main(rank: int, world_size: int, host: str, port: int, config: Engine
         store.set(f"ready/{rank}", traceback.format_exc())
         raise
     try:
-        Worker(executor, Channel(group)).serve()
+        Worker(executor, Channel(group), lambda: store.set(f"holdings/{rank}", json.dumps(holdings(executor)))).serve()
     except BaseException:
         store.set(f"failed/{rank}", traceback.format_exc())
         raise
 
 
+def holdings(executor: Executor) -> dict[str, dict[str, int]]:
+    """What this rank holds, by model: its own tensors' bytes (a head's shared embedding and
+    lm_head count with the target), its K/V bytes, and for the target the elements of its
+    sharded weights (q/k/v, o, gate/up, down, embedding, lm_head)."""
+    from speculant.engine.memory import tensor_bytes
+
+    out, seen = {}, []
+    for name in executor.model_names:
+        runner = executor.runner(name)
+        kv = 0 if runner.kv is None else runner.kv.k.nbytes + (0 if runner.layout.values_in_keys else runner.kv.v.nbytes)
+        own = tensor_bytes([*seen, runner.model]) - tensor_bytes(seen)
+        out[name] = {"weight_bytes": own, "kv_bytes": kv}
+        seen.append(runner.model)
+    out[TARGET]["sharded_elements"] = sharded_elements(executor.runner(TARGET).model)
+    return out
+
+
+def sharded_elements(model) -> int:
+    products = [p for layer in model.layers for p in (layer.qkv, layer.o.inner, layer.gate_up, layer.down.inner)]
+    head = model.lm_head.inner
+    tied = getattr(head, "weight", None) is model.embed_tokens
+    return sum(p.shape.numel() for p in products) + model.embed_tokens.numel() + (0 if tied else head.shape.numel())
+
+
 class Worker:
-    def __init__(self, executor: Executor, channel: Channel) -> None:
-        self.executor, self.channel = executor, channel
+    def __init__(self, executor: Executor, channel: Channel, report=lambda: None) -> None:
+        self.executor, self.channel, self.report = executor, channel, report
         self.models = [TARGET]  # the models every rank runs, in the leader's order (messages index them)
 
     def serve(self) -> None:
         handlers = {Op.RUN: self._run, Op.MOVE_KV: self._move_kv, Op.ALLOCATE: self._allocate, Op.ADD_MODEL: self._add_model}
+        self.report()
         while True:
             message = self.channel.receive()
             if message.op == Op.STOP:
                 return
             handlers[message.op](message)
+            if message.op in (Op.ALLOCATE, Op.ADD_MODEL):
+                self.report()  # what this rank holds changed
 
     @torch.inference_mode()
     def _run(self, m: Message) -> None:

@@ -24,9 +24,16 @@ from dataclasses import dataclass, field
 
 from speculant.core import RequestOutput
 from speculant.engine.engine import Engine
+from speculant.executor.errors import ExecutorFailed
 from speculant.sampling.params import SamplingParams
 from speculant.server.metrics import ServerMetrics
-from speculant.server.request_stream import Delta, EngineFailed, RequestStream, ShuttingDown
+from speculant.server.request_stream import (
+    Delta,
+    EngineDead,
+    EngineFailed,
+    RequestStream,
+    ShuttingDown,
+)
 from speculant.server.token_bytes import TokenBytes
 
 logger = logging.getLogger(__name__)
@@ -77,6 +84,7 @@ class AsyncEngine:
         self._token_bytes = TokenBytes(engine.tokenizer)
         self._drain_deadline: float | None = None
         self._stop = False
+        self.fatal: ExecutorFailed | None = None  # set when the engine can run no more: the server exits non-zero
 
     # ---- event-loop side ------------------------------------------------------------------
 
@@ -217,6 +225,11 @@ class AsyncEngine:
     def _step(self) -> None:
         try:
             outputs = self.engine.step()
+        except ExecutorFailed as exc:
+            logger.error("the engine can run no more forwards; the server stops: %s", exc)
+            self.fatal, self._accepting, self._stop = exc, False, True
+            self._fail_all(EngineDead(f"the engine is unavailable: {exc}"))
+            return
         except Exception:
             logger.exception("engine step failed; aborting the requests in flight")
             self._fail_all()
@@ -252,17 +265,15 @@ class AsyncEngine:
             ]
         return Delta(out, logprobs, [self._token_bytes(t) for t in new], tops)
 
-    def _fail_all(self) -> None:
+    def _fail_all(self, error: EngineFailed | None = None) -> None:
         for request_id in list(self.engine.requests):
             try:
                 self.engine.abort_request(request_id)
             except Exception:
                 logger.exception("could not abort %s after a failed step", request_id)
         self.metrics.update_engine_gauges(self.engine)
-        failed = [
-            (s, EngineFailed("the engine failed while running this request"))
-            for s in self._streams.values()
-        ]
+        error = error or EngineFailed("the engine failed while running this request")
+        failed = [(s, error) for s in self._streams.values()]
         self._streams.clear()
         self._call_soon(_deliver, failed)
 

@@ -15,7 +15,7 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from speculant.scheduler.scheduler import QueueFull
-from speculant.server.request_stream import EngineFailed, ShuttingDown
+from speculant.server.request_stream import EngineDead, EngineFailed, ShuttingDown
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +76,8 @@ def from_engine_error(
         )
     if isinstance(exc, ShuttingDown):
         return APIError(503, str(exc), code="shutting_down", type="service_unavailable")
+    if isinstance(exc, EngineDead):
+        return APIError(503, str(exc), code="engine_unavailable", type="service_unavailable")
     if isinstance(exc, EngineFailed):
         return APIError(500, str(exc), code="engine_error", type="server_error")
     if isinstance(exc, ValueError):

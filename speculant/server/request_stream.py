@@ -21,6 +21,11 @@ class EngineFailed(RuntimeError):
     """`engine.step()` raised; the requests in flight were aborted."""
 
 
+class EngineDead(EngineFailed):
+    """The engine can run no more forwards (`ExecutorFailed`: a tensor-parallel worker died or
+    hung); the server stops and exits non-zero."""
+
+
 @dataclass(frozen=True)
 class Chat:
     """A chat prompt, rendered with the model's chat template by the `PromptEncoder`."""

@@ -45,6 +45,11 @@ class DrainingServer(uvicorn.Server):
             self.hurry = True
         self.should_exit = True
 
+    async def on_tick(self, counter: int) -> bool:
+        if self.async_engine.fatal is not None:  # the engine is gone: stop serving
+            self.should_exit = True
+        return await super().on_tick(counter)
+
     async def shutdown(self, sockets=None) -> None:
         self.async_engine.begin_shutdown(self.drain_timeout_s)
         while self.async_engine.in_flight:  # still listening: /health says 503
@@ -103,12 +108,18 @@ def run_server(
     draft_checkpoint=None,
     options: ServerOptions | None = None,
     log_level: str = "info",
-) -> None:
-    """Load the model, serve it until SIGTERM/SIGINT, drain, return."""
+) -> int:
+    """Load the model, serve it until SIGTERM/SIGINT, drain; the exit status: 0, or 1 when the
+    engine failed for good (a tensor-parallel worker died or hung)."""
     from speculant.engine.engine import Engine
 
     engine = Engine(engine_config, checkpoint=checkpoint, draft_checkpoint=draft_checkpoint)
+    async_engine = AsyncEngine(engine)
     server = build_server(
-        AsyncEngine(engine), model_name or engine_config.model.model, host, port, options, log_level
+        async_engine, model_name or engine_config.model.model, host, port, options, log_level
     )
-    server.run()
+    try:
+        server.run()
+    finally:
+        engine.close()
+    return 0 if async_engine.fatal is None else 1
