@@ -55,10 +55,8 @@ class TensorParallelExecutor(Executor):
         self.workers.wait_for("up")
         group = TPGroup(self.workers.store, shard, device, config.parallel.worker_timeout_s)
         if checkpoint is None:
-            from speculant.loader import load_tokenizer
-
-            part, folder = read_shard(config.model.model, config.model.torch_dtype, shard)
-            source, self.tokenizer = SimpleNamespace(path=folder), load_tokenizer(folder)
+            part, whole = read_shard(config.model.model, config.model.torch_dtype, shard)
+            source, self.tokenizer = SimpleNamespace(path=whole.path), whole.tokenizer
         super().__init__(target_runner(part, config.model, group), lambda: checkpoint_sha256(source))
         self.workers.wait_for("ready")
         self.channel = Channel(group)

@@ -3,7 +3,6 @@ reads (no rank materialises the whole model), or cut from an in-memory checkpoin
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -30,19 +29,17 @@ def cut_checkpoint(checkpoint, shard: Shard) -> ShardCheckpoint:
     return ShardCheckpoint(checkpoint.arch, shard_weights(checkpoint.weights, checkpoint.arch, shard))
 
 
-def read_shard(model: str, dtype: torch.dtype, shard: Shard) -> tuple[ShardCheckpoint, object]:
-    """(this rank's slices, the folder) of a registry name or Hugging Face folder."""
-    from speculant.loader import CheckpointError
-    from speculant.loader.hf_loader import load_hf_config, load_hf_weights
-    from speculant.loader.registry import resolve_model_path
+def read_shard(model: str, dtype: torch.dtype, shard: Shard):
+    """(this rank's slices, the checkpoint they came from: tokenizer, path) of a registry name,
+    a Hugging Face folder (read in slices) or a GGUF file (each tensor cut as it is read)."""
+    from speculant.loader import load_checkpoint
 
-    folder = resolve_model_path(model)
-    if not folder.is_dir():
-        raise CheckpointError(folder, "tensor_parallel_size > 1 loads safetensors folders (a GGUF file is read whole)")
-    arch = load_hf_config(folder)
-    check_shardable(arch, shard.world_size)
-    slices = functools.partial(slice_of, arch=arch, shard=shard)
-    return ShardCheckpoint(arch, load_hf_weights(folder, arch, dtype, slices)), folder
+    def checked_slice(name: str, arch: ArchConfig):
+        check_shardable(arch, shard.world_size)
+        return slice_of(name, arch, shard)
+
+    checkpoint = load_checkpoint(model, dtype, slices=checked_slice)
+    return ShardCheckpoint(checkpoint.arch, checkpoint.weights), checkpoint
 
 
 def target_runner(part: ShardCheckpoint, model_config: ModelConfig, group: TPGroup) -> ModelRunner:

@@ -12,6 +12,7 @@ layouts instead (Q4_* as int4 groups, the other block types as int8 rows).
 from __future__ import annotations
 
 import pathlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -36,41 +37,44 @@ class Checkpoint:
     path: pathlib.Path  # the file or folder loaded
 
 
-def load_checkpoint(model: str, dtype: torch.dtype = torch.float32, keep_quantized: bool = False) -> Checkpoint:
-    """Load a registry model name, a HF folder (config.json + safetensors) or a .gguf file."""
+# (name, arch) -> (dim, start, stop): the part of a tensor to keep, or None for all of it
+Slices = Callable[[str, ArchConfig], "tuple[int, int, int] | None"]
+
+
+def load_checkpoint(model: str, dtype: torch.dtype = torch.float32, keep_quantized: bool = False, slices: Slices | None = None) -> Checkpoint:
+    """Load a registry model name, a HF folder (config.json + safetensors) or a .gguf file.
+    With `slices` only each tensor's part is kept (a tensor-parallel rank's): read in parts from
+    safetensors, cut from each GGUF tensor right after it is dequantized (one whole tensor at a
+    time, never the whole model)."""
     from speculant.loader.registry import resolve_model_path
 
     path = resolve_model_path(model)
     if path.is_dir():
-        return _load_hf_folder(path, dtype)
-    return _load_gguf(path, dtype, keep_quantized)
+        return _load_hf_folder(path, dtype, slices)
+    return _load_gguf(path, dtype, keep_quantized, slices)
 
 
-def _load_hf_folder(folder: pathlib.Path, dtype: torch.dtype) -> Checkpoint:
+def _load_hf_folder(folder: pathlib.Path, dtype: torch.dtype, slices: Slices | None = None) -> Checkpoint:
+    from transformers import AutoTokenizer
+
     from speculant.loader.hf_loader import load_hf_config, load_hf_weights
 
     arch = load_hf_config(folder)
-    weights = load_hf_weights(folder, arch, dtype)
-    return Checkpoint(arch, weights, load_tokenizer(folder), folder)
-
-
-def load_tokenizer(folder: pathlib.Path) -> PreTrainedTokenizerFast:
-    """A Hugging Face folder's tokenizer."""
-    from transformers import AutoTokenizer
-
+    weights = load_hf_weights(folder, arch, dtype, None if slices is None else lambda name: slices(name, arch))
     try:
-        return AutoTokenizer.from_pretrained(str(folder))
+        tokenizer = AutoTokenizer.from_pretrained(str(folder))
     except (OSError, ValueError) as exc:
         raise CheckpointError(folder, f"cannot load the tokenizer ({exc})") from None
+    return Checkpoint(arch, weights, tokenizer, folder)
 
 
-def _load_gguf(path: pathlib.Path, dtype: torch.dtype, keep_quantized: bool = False) -> Checkpoint:
+def _load_gguf(path: pathlib.Path, dtype: torch.dtype, keep_quantized: bool = False, slices: Slices | None = None) -> Checkpoint:
     from speculant.loader.gguf_file import GGUFFile
     from speculant.loader.gguf_loader import load_gguf_weights
     from speculant.loader.gguf_tokenizer import gguf_tokenizer
 
     gguf = GGUFFile(path)
-    arch, weights = load_gguf_weights(gguf, dtype, keep_quantized)
+    arch, weights = load_gguf_weights(gguf, dtype, keep_quantized, slices)
     return Checkpoint(arch, weights, gguf_tokenizer(gguf), path)
 
 

@@ -15,14 +15,17 @@ from speculant.loader.validate import check_shapes
 
 
 def load_gguf_weights(
-    gguf: GGUFFile, dtype: torch.dtype, keep_quantized: bool = False
+    gguf: GGUFFile, dtype: torch.dtype, keep_quantized: bool = False, slices=None
 ) -> tuple[ArchConfig, dict]:
+    """`slices(name, arch)` -> (dim, start, stop) keeps that part of each dequantized tensor."""
     arch = arch_config(gguf)
+    if slices is not None and keep_quantized:
+        raise CheckpointError(gguf.path, "sliced loading (tensor parallelism) dequantizes: keep_quantized must be off")
     names = {hf: info.name for info in gguf.tensors.values() if (hf := hf_name(info.name))}
     # Shapes are checked from the tensor infos, before minutes of work could be wasted.
     check_shapes(arch, {hf: gguf.tensors[name].shape for hf, name in names.items()}, gguf.path)
     wanted = [hf for hf in names if hf != "lm_head.weight" or not arch.tie_word_embeddings]
-    weights = {hf: _load_tensor(gguf, names[hf], hf, arch, dtype, keep_quantized) for hf in wanted}
+    weights = {hf: _cut(_load_tensor(gguf, names[hf], hf, arch, dtype, keep_quantized), hf, arch, slices) for hf in wanted}
     embed = names.get("model.embed_tokens.weight")
     if keep_quantized and "lm_head.weight" not in weights and embed is not None:
         # A tied head keeps the embedding's blocks; the lookup table itself is dequantized.
@@ -41,6 +44,14 @@ def _load_tensor(
         return weight.map_rows(lambda t: _unpermute(t, hf, arch))
     tensor = dequantize(gguf.raw(name), info.ggml_type, info.shape, dtype)
     return _unpermute(tensor, hf, arch)
+
+
+def _cut(tensor: torch.Tensor, hf: str, arch: ArchConfig, slices) -> torch.Tensor:
+    part = None if slices is None else slices(hf, arch)
+    if part is None:
+        return tensor
+    dim, start, stop = part
+    return tensor.narrow(dim, start, stop - start).clone()
 
 
 def _is_linear(hf: str) -> bool:
