@@ -3,8 +3,9 @@
 It owns every model runner of the engine (the target, and the models proposers declare), sizes and
 allocates their K/V over the shared pages, and runs `ForwardPlan`s: the engine's own target
 forwards with `run`, a proposer's chain of dependent forwards with `drive`. On one rank this is
-a loop; it is where ranks would enter the same forwards together, and where a schedule would
-launch forwards ahead of the host.
+a loop; with tensor parallelism the leader's subclass (`speculant.distributed.leader`) broadcasts
+each forward so every rank enters it together; it is also where a schedule would launch forwards
+ahead of the host.
 """
 
 from __future__ import annotations
