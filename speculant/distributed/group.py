@@ -8,11 +8,14 @@ for the leader's next plan (an idle server sends none). gloo on CPU, NCCL on CUD
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import os
 
 import torch
 import torch.distributed as dist
 
+from speculant.config import EngineConfig
 from speculant.distributed.sharding import Shard
 
 
@@ -59,3 +62,14 @@ def open_store(host: str, port: int, shard: Shard, timeout_s: float) -> dist.TCP
     """The rendezvous: rank 0 serves a TCPStore at host:port, the others connect to it."""
     timeout = datetime.timedelta(seconds=timeout_s)
     return dist.TCPStore(host, port, shard.world_size, shard.rank == 0, timeout=timeout, wait_for_workers=False)
+
+
+def rank_config(config: EngineConfig, rank: int) -> EngineConfig:
+    """The config one rank runs: on CUDA each rank its own device (the configured index plus
+    torchrun's LOCAL_RANK, else plus the rank), made current; CPU ranks all run on `cpu`."""
+    device = torch.device(config.model.device)
+    if device.type != "cuda":
+        return config
+    index = (device.index or 0) + int(os.environ.get("LOCAL_RANK", rank))
+    torch.cuda.set_device(index)
+    return config.replace(model=dataclasses.replace(config.model, device=f"cuda:{index}"))

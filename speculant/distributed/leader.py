@@ -29,7 +29,7 @@ import torch
 from speculant.attention.batch import build_forward_batch
 from speculant.config import EngineConfig
 from speculant.distributed.channel import Channel, Op, dtype_code, object_segment
-from speculant.distributed.group import TPGroup
+from speculant.distributed.group import TPGroup, rank_config
 from speculant.distributed.launch import Workers
 from speculant.distributed.loading import cut_checkpoint, head_runner, read_shard, target_runner
 from speculant.distributed.sharding import Shard
@@ -46,7 +46,8 @@ class TensorParallelExecutor(Executor):
     def __init__(self, config: EngineConfig, checkpoint=None) -> None:
         from speculant.loader.head_file import checkpoint_sha256
 
-        world, device = config.parallel.tensor_parallel_size, torch.device(config.model.device)
+        local = rank_config(config, 0)  # the engine keeps `config`; rank 0's own device is local's
+        world, device = config.parallel.tensor_parallel_size, torch.device(local.model.device)
         shard = Shard(0, world)
         if checkpoint is not None:
             part, source, self.tokenizer = cut_checkpoint(checkpoint, shard), checkpoint, checkpoint.tokenizer
@@ -57,7 +58,7 @@ class TensorParallelExecutor(Executor):
         if checkpoint is None:
             part, whole = read_shard(config.model.model, config.model.torch_dtype, shard)
             source, self.tokenizer = SimpleNamespace(path=whole.path), whole.tokenizer
-        super().__init__(target_runner(part, config.model, group), lambda: checkpoint_sha256(source))
+        super().__init__(target_runner(part, local.model, group), lambda: checkpoint_sha256(source))
         self.workers.wait_for("ready")
         self.channel = Channel(group)
         self.timeout_s = config.parallel.worker_timeout_s

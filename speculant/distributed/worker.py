@@ -16,7 +16,7 @@ import torch
 from speculant.attention.batch import ForwardBatch
 from speculant.config import EngineConfig
 from speculant.distributed.channel import Channel, Message, Op, code_dtype
-from speculant.distributed.group import TPGroup, open_store
+from speculant.distributed.group import TPGroup, open_store, rank_config
 from speculant.distributed.loading import ShardCheckpoint, head_runner, load_part, target_runner
 from speculant.distributed.sharding import Shard
 from speculant.executor.executor import Executor
@@ -28,7 +28,7 @@ STARTUP_TIMEOUT_S = 600.0  # for the rendezvous
 
 def worker_main(rank: int, world_size: int, host: str, port: int, config: EngineConfig, part: ShardCheckpoint | None = None) -> None:
     """A worker process's whole life; an error is written to the store for the leader, then raised."""
-    shard = Shard(rank, world_size)
+    shard, config = Shard(rank, world_size), rank_config(config, rank)
     store = open_store(host, port, shard, STARTUP_TIMEOUT_S)
     store.set(f"up/{rank}", "1")
     try:

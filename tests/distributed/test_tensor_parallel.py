@@ -69,6 +69,21 @@ def test_plain_greedy_equals_one_rank_and_each_rank_holds_half(target, plain_out
     assert [r[TARGET]["kv_bytes"] for r in ranks] == [one.kv.k.nbytes, one.kv.k.nbytes]  # half the heads: (k + v) / 2
 
 
+def test_one_broadcast_per_forward(target, monkeypatch):
+    """A plain decode step is one target forward: the leader broadcasts one message for it."""
+    with two_ranks(target) as llm:
+        engine = llm.engine
+        for prompt in PROMPTS[:4]:
+            engine.add_request(prompt, GREEDY)
+        engine.step()  # the prefill
+        group = engine.executor.channel.group
+        sent = []
+        monkeypatch.setattr(group, "broadcast", lambda buf, real=group.broadcast: (sent.append(buf.numel()), real(buf)))
+        for _ in range(3):
+            engine.step()
+        assert len(sent) == 3
+
+
 def test_ngram_greedy_equals_one_rank(target, plain_outputs):
     with two_ranks(target, speculative="ngram", num_draft_tokens=3) as llm:
         assert generate(llm) == plain_outputs
