@@ -10,6 +10,8 @@ rank's block are gathered, so every rank ends a forward with the same hidden sta
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -18,7 +20,7 @@ from speculant.distributed.group import TPGroup
 from speculant.distributed.sharding import pad_rows, shard_arch, shard_weights
 from speculant.layers.linear import Linear
 from speculant.models.head import DraftHead
-from speculant.models.llama import LayerWeights, LlamaForCausalLM
+from speculant.models.llama import LayerWeights, LlamaForCausalLM, decoder_layer
 
 _VOCAB_WEIGHTS = ("model.embed_tokens.weight", "lm_head.weight")
 
@@ -63,6 +65,14 @@ class TensorParallelLlama(LlamaForCausalLM):
         for layer in self.layers:
             row_parallel(layer, self.group)
 
+    def head_layer(self, weights: dict) -> LayerWeights:
+        """A draft head's decoder layer (its `layer.*` slices) built as this model's layers are."""
+        prefix = "model.layers.0."
+        renamed = {prefix + name.removeprefix("layer."): w for name, w in weights.items() if name.startswith("layer.")}
+        layer = self._load_layer(lambda name: renamed[name].to(self.device, self.dtype), renamed, 0)
+        row_parallel(layer, self.group)
+        return layer
+
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden]
         local = input_ids - self.vocab_start
         inside = (local >= 0) & (local < self.vocab_rows)
@@ -76,8 +86,11 @@ def row_parallel(layer: LayerWeights, group: TPGroup) -> None:
 
 def sharded_head(target: TensorParallelLlama, head, device: torch.device, dtype: torch.dtype, weights_mode: str) -> DraftHead:
     """A draft head (`HeadCheckpoint`) cut like the target: its decoder layer's heads and MLP
-    units are this rank's, eh_proj and the norms whole; embedding and lm_head are the target's."""
+    units are this rank's, eh_proj and the norms whole; embedding and lm_head are the target's.
+    The head's block is rebuilt as the target's own sharded layer (row-parallel o/down); the
+    block `DraftHead` built from the same slices is dropped."""
     weights = shard_weights(head.weights, target.full_arch, target.group.shard)
     model = DraftHead(target, head.config.variant, weights, device, dtype, weights_mode)
-    row_parallel(model.modules.layer, target.group)
+    layer = target.head_layer(weights)
+    model.modules.block = functools.partial(decoder_layer, model.arch, layer)
     return model
