@@ -44,26 +44,30 @@ _STOP_TIMEOUT_S = 10.0
 
 class TensorParallelExecutor(Executor):
     def __init__(self, config: EngineConfig, checkpoint=None) -> None:
-        from speculant.loader.head_file import checkpoint_sha256
-
-        local = rank_config(config, 0)  # the engine keeps `config`; rank 0's own device is local's
-        world, device = config.parallel.tensor_parallel_size, torch.device(local.model.device)
-        shard = Shard(0, world)
-        if checkpoint is not None:
-            part, source, self.tokenizer = cut_checkpoint(checkpoint, shard), checkpoint, checkpoint.tokenizer
+        local, shard = rank_config(config, 0), Shard(0, config.parallel.tensor_parallel_size)
+        part = cut_checkpoint(checkpoint, shard) if checkpoint is not None else None  # a model that does not split fails here
         self.workers = Workers(config, checkpoint)
         self._finalizer = weakref.finalize(self, self.workers.stop, 0.0)
         self.workers.wait_for("up")
-        group = TPGroup(self.workers.store, shard, device, config.parallel.worker_timeout_s)
-        if checkpoint is None:
-            part, whole = read_shard(config.model.model, config.model.torch_dtype, shard)
-            source, self.tokenizer = SimpleNamespace(path=whole.path), whole.tokenizer
-        super().__init__(target_runner(part, local.model, group), lambda: checkpoint_sha256(source))
+        group = TPGroup(self.workers.store, shard, torch.device(local.model.device), config.parallel.worker_timeout_s)
+        super().__init__(*self._own_shard(local, checkpoint, part, group))
         self.workers.wait_for("ready")
         self.channel = Channel(group)
         self.timeout_s = config.parallel.worker_timeout_s
         self.failure: ExecutorFailed | None = None
         self._on_every_rank = [TARGET]  # models whose forwards all ranks run (messages index them)
+
+    def _own_shard(self, config: EngineConfig, checkpoint, part, group: TPGroup):
+        """(rank 0's target runner, the checkpoint's sha256 for heads to check); sets the tokenizer.
+        Without an in-memory checkpoint, rank 0 reads its slices like every worker."""
+        from speculant.loader.head_file import checkpoint_sha256
+
+        source = checkpoint
+        if part is None:
+            part, checkpoint = read_shard(config.model.model, config.model.torch_dtype, group.shard)
+            source = SimpleNamespace(path=checkpoint.path)  # hashed from the file, not the slices
+        self.tokenizer = checkpoint.tokenizer
+        return target_runner(part, config.model, group), lambda: checkpoint_sha256(source)
 
     # ---- models and K/V ---------------------------------------------------------------------
 
