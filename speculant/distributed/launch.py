@@ -91,8 +91,12 @@ class Workers:
             if p.exitcode is not None:
                 raise RuntimeError(f"tensor-parallel worker rank {rank} {describe_exit(p.exitcode)} {when}")
 
-    def describe(self) -> str:
-        """Each spawned worker's state, and any traceback a worker left, for an error message."""
+    def describe(self, settle_s: float = 1.0) -> str:
+        """Each spawned worker's state, and any traceback a worker left, for an error message.
+        A killed worker's sockets close before its exit is seen: wait up to `settle_s` for it."""
+        deadline = time.monotonic() + settle_s
+        for p in self.processes:
+            p.join(max(0.0, deadline - time.monotonic()))
         states = [f"rank {rank} {describe_exit(p.exitcode) if p.exitcode is not None else 'still running'}" for rank, p in enumerate(self.processes, start=1)]
         for rank in range(1, self.world_size):
             if self.store.check([f"failed/{rank}"]):
