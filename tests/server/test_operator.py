@@ -168,7 +168,7 @@ def test_serve_flags_build_the_server_options(monkeypatch):
     from speculant import cli
 
     captured = {}
-    monkeypatch.setattr("speculant.server.run_server", lambda config, **kw: captured.update(kw))
+    monkeypatch.setattr("speculant.server.run_server", lambda config, **kw: captured.update(kw) or 0)  # the exit status
     monkeypatch.setenv("SPECULANT_API_KEY", "from-env")
     args = cli.build_parser().parse_args(
         ["serve", "--allowed-origins", "https://a.example,https://b.example", "--enable-docs",
