@@ -32,18 +32,18 @@ _NEXTN = {
 
 def write_deepseek_gguf(
     config, weights: dict[str, torch.Tensor], out: pathlib.Path, qtype: QType = QType.F32, *,
-    split_kv_b: bool = True, mtp_layers: int = 0, skip: str | None = None,
+    split_kv_b: bool = True, mtp_layers: int = 0, tokenizer_pre: str = "gpt2",
 ) -> dict[str, torch.Tensor]:  # fmt: skip
     """`weights`: HF names in transformers' layout (an MTP layer's at index num_hidden_layers)."""
     writer = gguf.GGUFWriter(out, "deepseek2")
     _metadata(writer, config, split_kv_b, mtp_layers)
+    _tokenizer(writer, tokenizer_pre)
     names = gguf.get_tensor_name_map(MODEL_ARCH.DEEPSEEK2, config.num_hidden_layers + mtp_layers)
     expected = {}
     for hf, tensor in weights.items():
         stored = {}
         for gguf_name, part in _converted(config, names, hf, tensor.detach().float(), split_kv_b):
-            if gguf_name != skip:
-                stored[gguf_name] = _write(writer, gguf_name, part, qtype)
+            stored[gguf_name] = _write(writer, gguf_name, part, qtype)
         if stored and not _mtp_copy(config, hf):
             expected[hf] = _joined(hf, list(stored.values()))
     writer.write_header_to_file()
@@ -122,7 +122,6 @@ def _metadata(w: gguf.GGUFWriter, c, split_kv_b: bool, mtp_layers: int) -> None:
     _rope(w, c.rope_parameters)
     if mtp_layers:
         w.add_nextn_predict_layers(mtp_layers)
-    _tokenizer(w)
 
 
 def _moe(w: gguf.GGUFWriter, c) -> None:
@@ -166,10 +165,10 @@ def _rope(w: gguf.GGUFWriter, rope: dict) -> None:
     w.add_rope_scaling_yarn_log_mul(0.1 * rope["mscale_all_dim"])
 
 
-def _tokenizer(w: gguf.GGUFWriter) -> None:
+def _tokenizer(w: gguf.GGUFWriter, pre: str) -> None:
     tokens = tiny_vocab()
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt2")
+    w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
     w.add_token_types([3 if t in SPECIALS else 1 for t in tokens])
     w.add_token_merges(MERGES)

@@ -111,7 +111,7 @@ def test_q8_0_file_is_dequantized(tmp_path, tiny_llama_dir):
     types = {t.name: t.ggml_type for t in GGUFFile(path).tensors.values()}
     assert types["blk.1.ffn_gate_exps.weight"] == QType.Q8_0 and types["blk.1.attn_k_b.weight"] == QType.Q8_0
     assert types["blk.1.attn_q_b.weight"] == QType.F16 and types["blk.1.ffn_gate_inp.weight"] == QType.F32
-    ckpt = load_checkpoint(str(path))
+    ckpt = load_checkpoint(str(path), keep_quantized=True)  # experts are not kept quantized: all dense
     for name, tensor in expected.items():
         assert torch.equal(ckpt.weights[name], tensor), name
     reference = _hf(tiny_llama_dir)
@@ -132,6 +132,18 @@ def test_mtp_layer_loads_as_the_own_head(tmp_path, tiny_llama_dir):
     plain = LLM(model=str(path), page_size=4, num_pages=64).generate(PROMPTS, GREEDY)
     spec = LLM(model=str(path), page_size=4, num_pages=64, speculative="mtp", num_draft_tokens=2).generate(PROMPTS, GREEDY)
     assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
+
+
+def test_deepseek_v3_pre_tokenizer(tmp_path, tiny_llama_dir):
+    """`deepseek-v3` splits digits in runs of three (the tiny vocab's "12" merge would join
+    "1212" into two tokens under GPT-2's split) and apart from the letters and spaces before them."""
+    hf_model = _hf(tiny_llama_dir)
+    path = tmp_path / "tok.gguf"
+    write_deepseek_gguf(hf_model.config, {}, path, tokenizer_pre="deepseek-v3")
+    from speculant.loader.gguf_tokenizer import gguf_tokenizer
+
+    tokenizer = gguf_tokenizer(GGUFFile(path))
+    assert tokenizer.convert_ids_to_tokens(tokenizer("a 1212")["input_ids"]) == ["a", "Ġ", "12", "1", "2"]
 
 
 # ---- what does not map ------------------------------------------------------------------------
