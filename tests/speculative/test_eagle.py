@@ -113,3 +113,26 @@ def test_auto_budget_is_measured_and_reported(target, head, plain_outputs):
     assert 1 <= stats["tree_budget"] <= stats["tree_budget_max"] == 12
     assert sorted(stats["verify_cost_s"]) == [1, 2, 4, 8, 13]
     assert stats["kv_pages_used"] == 0  # the calibration's scratch pages went back
+
+
+@pytest.mark.parametrize("budget", [1, 2, 3])
+def test_a_small_dynamic_budget_grows_no_deeper_than_it_keeps(target, head, plain_outputs, budget):
+    """b kept nodes are at most b deep, so a step grows at most b - 1 head levels (the tree depth
+    allows 3)."""
+    llm = eagle_llm(target, head, **{**TREES["dynamic"], "num_draft_tokens": budget})
+    proposer, levels = llm.engine.proposer, []
+    propose, entries = proposer.propose, proposer._entries
+
+    def recording(batch):
+        levels.append(0)
+        out = yield from propose(batch)
+        assert max(proposer._depths) <= budget
+        return out
+
+    def counting(*args):
+        levels[-1] += 1
+        return (yield from entries(*args))
+
+    proposer.propose, proposer._entries = recording, counting
+    assert [o.token_ids for o in llm.generate(PROMPTS[:3], GREEDY)] == plain_outputs[:3]
+    assert levels and max(levels) == budget - 1
