@@ -227,6 +227,7 @@ class StepResult:
     speculative: bool  # drafts were verified (else a plain forward and sample)
     accepted_rows: torch.Tensor | None = None  # [B, D + 1] int64 (device) on a tree step: the flat rows of each
     # sequence's last verified token and its accepted path (row j for j <= num_accepted[b]), root row after
+    accepted_counts: list[int] | None = None  # [B] num_accepted as the host read it; None before the read
 
 
 @dataclass

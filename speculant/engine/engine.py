@@ -26,7 +26,8 @@ from speculant.core import (
     StepResult,
 )
 from speculant.engine.memory import plan_engine, resolve_budget
-from speculant.engine.output import OutputProcessor, split_like
+from speculant.engine.output import OutputProcessor
+from speculant.engine.readout import read_step
 from speculant.engine.sampling_rows import SamplingRows
 from speculant.engine.stats import EngineStats
 from speculant.engine.tree_verify import verify_tree
@@ -37,16 +38,11 @@ from speculant.kv_cache.allocator import PageAllocator, PageTables
 from speculant.sampling.acceptance import accept_drafts, pad_ragged
 from speculant.sampling.params import SamplingParams
 from speculant.sampling.rng import PositionNoise
-from speculant.sampling.sampler import (
-    processed_probs,
-    sample_logits,
-    token_logprobs,
-    top_token_logprobs,
-)
+from speculant.sampling.sampler import processed_probs, sample_logits
 from speculant.scheduler.scheduler import Scheduler
 from speculant.speculative.base import ProposerContext
 from speculant.speculative.registry import create_proposer
-from speculant.utils.sync import to_list
+from speculant.utils.sync import guarded_step, host_reads, strict_enabled
 
 
 class Engine:
@@ -160,8 +156,8 @@ class Engine:
         batch, failed = self._without_failed_rows(self.scheduler.schedule())
         if not batch.seqs:
             return failed
-        start = time.perf_counter()
-        with self.stats.timed_step(batch):
+        start, reads = time.perf_counter(), host_reads()
+        with self.stats.timed_step(batch), guarded_step():
             speculative = self.proposer.speculates(batch)  # fixes each request's k (all 0: a plain step)
             self.stats.record_ks(self.proposer.chosen_ks())
             if speculative:
@@ -171,6 +167,8 @@ class Engine:
             else:
                 step_out, result = self._forward_and_sample(batch)
             outputs = failed + self._commit(batch, step_out, result)
+            if strict_enabled() and batch.is_decode:
+                self.stats.record_decode_reads(host_reads() - reads)
         self.proposer.observe(result, time.perf_counter() - start)
         return outputs
 
@@ -200,12 +198,15 @@ class Engine:
         starts = [s.request.num_computed_tokens for s in batch.seqs]
         result = StepResult(batch.requests, offsets, starts, out.hidden, torch.zeros_like(bonus), bonus, None, speculative=False)
         self.executor.drive(self.proposer.launch(result))  # before the host reads the step
-        tokens = to_list(bonus) if sampling else [-1] * len(batch)
-        emitted = [[t] if sampled else [] for t, sampled in zip(tokens, samples)]
-        logprobs, tops = self._logprobs(out.logits, [t for e in emitted for t in e], sampling)
+        if sampling:
+            rank = list(itertools.accumulate(samples, initial=-1))[1:]  # each sequence's logits row
+            rows = torch.tensor([[max(0, i)] for i in rank], device=bonus.device)  # [B, 1]
+            step_out, _ = read_step(bonus[:, None], [int(x) for x in samples], out.logits, rows, batch.requests)
+        else:
+            step_out = StepOutput([[] for _ in batch.seqs])
         for s in batch.seqs:
             s.request.num_computed_tokens += s.num_new_tokens
-        return StepOutput(emitted, split_like(logprobs, emitted), split_like(tops, emitted)), result
+        return step_out, result
 
     def _sample_rows(self, logits: torch.Tensor, samples: list[bool], requests: list[Request]) -> torch.Tensor:
         """[B] int64: the sampled token of each sequence that samples (`logits` row by row), -1 elsewhere."""
@@ -221,61 +222,52 @@ class Engine:
         return sample_logits(logits, st, generators, self.generator)
 
     def _verify_and_accept(self, batch: Batch, proposal: DraftProposal) -> tuple[StepOutput, StepResult]:
-        drafts = to_list(proposal.token_ids)
+        requests, ks = batch.requests, proposal.num_drafts
         inputs = [
-            SeqInput(
-                token_ids=[r.token_at(r.num_tokens - 1)] + drafts[b][: proposal.num_drafts[b]],
-                kv_start=r.num_computed_tokens,
-                page_table=self.pages.table(r.request_id),
-                logits="all",
-            )
-            for b, r in enumerate(batch.requests)
+            SeqInput([0] * (k + 1), r.num_computed_tokens, self.pages.table(r.request_id), logits="all")
+            for r, k in zip(requests, ks)
         ]
-        out = self.executor.run(ForwardPlan(TARGET, inputs))
+        out = self.executor.run(ForwardPlan(TARGET, inputs, input_ids=self._verify_ids(requests, proposal)))
         logits = out.logits  # [sum(k_b + 1), V]
         target_probs = self._padded_target_probs(batch, proposal, logits)
         result = accept_drafts(
-            proposal.token_ids, torch.tensor(proposal.num_drafts), proposal.draft_probs, target_probs,
-            [r.noise for r in batch.requests], [r.num_tokens for r in batch.requests], self.generator,
+            proposal.token_ids, torch.tensor(ks), proposal.draft_probs, target_probs,
+            [r.noise for r in requests], [r.num_tokens for r in requests], self.generator,
         )
-        offsets = _offsets([k + 1 for k in proposal.num_drafts])
+        offsets = _offsets([k + 1 for k in ks])
         bonus = result.token_ids.gather(1, result.num_accepted[:, None])[:, 0]  # [B]
-        starts = [r.num_computed_tokens for r in batch.requests]
-        step = StepResult(batch.requests, offsets, starts, out.hidden, result.num_accepted, bonus, None, speculative=True)
+        starts = [r.num_computed_tokens for r in requests]
+        step = StepResult(requests, offsets, starts, out.hidden, result.num_accepted, bonus, None, speculative=True)
         self.executor.drive(self.proposer.launch(step))  # before the host reads the step
-        num_emitted, num_accepted = to_list(result.num_emitted), to_list(result.num_accepted)
-        tokens = to_list(result.token_ids)
-        emitted = [tokens[b][: num_emitted[b]] for b in range(len(batch))]
-        for b, r in enumerate(batch.requests):
-            r.num_computed_tokens += 1 + num_accepted[b]
-            if proposal.num_drafts[b]:  # a step with nothing proposed is plain decoding
-                r.spec_stats.record(proposal.num_drafts[b], num_accepted[b])
-                self.stats.spec_stats.record(proposal.num_drafts[b], num_accepted[b])
-        flat = [t for b, e in enumerate(emitted) for t in e]
-        rows = [start + j for start, e in zip(offsets, emitted) for j in range(len(e))]
-        logprobs, tops = self._logprobs(logits[rows], flat, batch.requests)
-        return StepOutput(emitted, split_like(logprobs, emitted), split_like(tops, emitted)), step
+        width = result.token_ids.shape[1]
+        rows = torch.tensor([[offsets[b] + min(j, k) for j in range(width)] for b, k in enumerate(ks)], device=logits.device)
+        step_out, num_emitted = read_step(result.token_ids, result.num_emitted, logits, rows, requests)
+        for b, r in enumerate(requests):
+            accepted = num_emitted[b] - 1
+            r.num_computed_tokens += 1 + accepted
+            if ks[b]:  # a step with nothing proposed is plain decoding
+                r.spec_stats.record(ks[b], accepted)
+                self.stats.spec_stats.record(ks[b], accepted)
+        return step_out, dataclasses.replace(step, accepted_counts=[n - 1 for n in num_emitted])
+
+    def _verify_ids(self, requests: list[Request], proposal: DraftProposal) -> torch.Tensor:
+        """[sum(k_b + 1)] each sequence's last token then its drafts, gathered on the device."""
+        drafts = proposal.token_ids.to(self.device, non_blocking=True)  # [B, k_max]
+        last = torch.tensor([r.token_at(r.num_tokens - 1) for r in requests], device=self.device)
+        grid = torch.cat([last[:, None], drafts], 1).reshape(-1)  # [B * (k_max + 1)]
+        width = drafts.shape[1] + 1
+        flat = [b * width + j for b, k in enumerate(proposal.num_drafts) for j in range(k + 1)]
+        return grid.index_select(0, torch.tensor(flat, device=self.device))
 
     def _verify_tree(self, batch: Batch, proposal: DraftProposal) -> tuple[StepOutput, StepResult]:
         return verify_tree(self, batch, proposal)
 
     def _padded_target_probs(self, batch: Batch, proposal: DraftProposal, logits: torch.Tensor) -> torch.Tensor:
         """[B, k_max + 1, V] processed target distributions at each drafted position and the bonus."""
-        counts = torch.tensor([k + 1 for k in proposal.num_drafts])
+        counts = [k + 1 for k in proposal.num_drafts]
         st = self.rows.tensors(batch.requests).repeat_interleave(counts)
         probs = processed_probs(logits, st)  # [sum(k_b + 1), V]
-        return pad_ragged(probs, counts, proposal.token_ids.shape[1] + 1)
-
-    def _logprobs(self, logits: torch.Tensor, tokens: list[int], requests: list[Request]) -> tuple[list | None, list | None]:
-        """Each emitted token's logprob and, when asked, the most likely alternatives (id, logprob)."""
-        if not tokens or not any(r.params.logprobs for r in requests):
-            return None, None
-        chosen = to_list(token_logprobs(logits, torch.tensor(tokens)))
-        n = min(max(r.params.top_logprobs for r in requests), logits.shape[-1])
-        if n == 0:
-            return chosen, None
-        values, ids = top_token_logprobs(logits, n)
-        return chosen, [list(zip(i, v)) for i, v in zip(to_list(ids), to_list(values))]
+        return pad_ragged(probs, torch.tensor(counts, device=logits.device), proposal.token_ids.shape[1] + 1)
 
     # ---- commit ---------------------------------------------------------------------------
 

@@ -167,10 +167,11 @@ def choose_drafts(
     return sample(q, generators, default_generator), q
 
 
-def pad_proposals(drafts: list[list[int]]) -> DraftProposal:
-    """A one-hot DraftProposal from per-sequence token lists."""
+def pad_proposals(drafts: list[list[int]], device: torch.device | str = "cpu") -> DraftProposal:
+    """A one-hot DraftProposal on `device` from per-sequence token lists (one host-to-device copy)."""
     k_max = max((len(d) for d in drafts), default=0)
     tokens = np.full((len(drafts), k_max), -1, dtype=np.int64)
     for b, d in enumerate(drafts):
         tokens[b, : len(d)] = d
-    return DraftProposal(token_ids=torch.from_numpy(tokens), num_drafts=[len(d) for d in drafts])
+    token_ids = torch.from_numpy(tokens).to(device, non_blocking=True)
+    return DraftProposal(token_ids=token_ids, num_drafts=[len(d) for d in drafts])
