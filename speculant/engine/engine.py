@@ -30,6 +30,7 @@ from speculant.engine.output import OutputProcessor
 from speculant.engine.readout import read_step
 from speculant.engine.sampling_rows import SamplingRows
 from speculant.engine.stats import EngineStats
+from speculant.engine.token_pool import TokenPool
 from speculant.engine.tree_verify import verify_tree
 from speculant.executor.executor import Executor
 from speculant.executor.loading import load_target
@@ -63,11 +64,12 @@ class Engine:
         self.pages = PageTables(PageAllocator(self.num_pages), config.cache.page_size)
         self.proposer.bind(self.pages)
         self.executor.drive(self.proposer.calibrate())
-        self.scheduler = Scheduler(config.scheduler, self.pages, self.proposer.lookahead_slots, self.proposer.release)
+        self.scheduler = Scheduler(config.scheduler, self.pages, self.proposer.lookahead_slots, self._preempted)
         # A sequence whose KV would outgrow the whole cache finishes ("length") like one reaching
         # the context: left running, it would preempt itself and wait for pages forever.
         max_tokens = min(self.arch.max_position, self.num_pages * config.cache.page_size + 1)
         self.outputs = OutputProcessor(self.tokenizer, max_tokens)
+        self.pool = TokenPool(config.scheduler.max_num_seqs, max_tokens, self.device)  # inputs gathered on the device
         self.requests: dict[str, Request] = {}
         self.rows = SamplingRows(self.device)
         self.stats = EngineStats()
@@ -156,6 +158,7 @@ class Engine:
         batch, failed = self._without_failed_rows(self.scheduler.schedule())
         if not batch.seqs:
             return failed
+        self.pool.admit(batch.requests)
         start, reads = time.perf_counter(), host_reads()
         with self.stats.timed_step(batch), guarded_step():
             speculative = self.proposer.speculates(batch)  # fixes each request's k (all 0: a plain step)
@@ -190,13 +193,15 @@ class Engine:
             )
             for s in batch.seqs
         ]
-        out = self.executor.run(ForwardPlan(TARGET, inputs))
+        spans = [range(s.request.num_computed_tokens, s.request.num_computed_tokens + s.num_new_tokens) for s in batch.seqs]
+        out = self.executor.run(ForwardPlan(TARGET, inputs, input_ids=self.pool.gather(batch.requests, spans)))
         samples = [s.samples for s in batch.seqs]
         sampling = [s.request for s in batch.seqs if s.samples]
         bonus = self._sample_rows(out.logits, samples, sampling)  # [B]
         offsets = _offsets([s.num_new_tokens for s in batch.seqs])
         starts = [s.request.num_computed_tokens for s in batch.seqs]
         result = StepResult(batch.requests, offsets, starts, out.hidden, torch.zeros_like(bonus), bonus, None, speculative=False)
+        self.pool.write(batch.requests, bonus[:, None], [r.num_tokens for r in batch.requests])
         self.executor.drive(self.proposer.launch(result))  # before the host reads the step
         if sampling:
             rank = list(itertools.accumulate(samples, initial=-1))[1:]  # each sequence's logits row
@@ -238,6 +243,7 @@ class Engine:
         bonus = result.token_ids.gather(1, result.num_accepted[:, None])[:, 0]  # [B]
         starts = [r.num_computed_tokens for r in requests]
         step = StepResult(requests, offsets, starts, out.hidden, result.num_accepted, bonus, None, speculative=True)
+        self.pool.write(requests, result.token_ids, [r.num_tokens for r in requests])
         self.executor.drive(self.proposer.launch(step))  # before the host reads the step
         width = result.token_ids.shape[1]
         rows = torch.tensor([[offsets[b] + min(j, k) for j in range(width)] for b, k in enumerate(ks)], device=logits.device)
@@ -253,7 +259,7 @@ class Engine:
     def _verify_ids(self, requests: list[Request], proposal: DraftProposal) -> torch.Tensor:
         """[sum(k_b + 1)] each sequence's last token then its drafts, gathered on the device."""
         drafts = proposal.token_ids.to(self.device, non_blocking=True)  # [B, k_max]
-        last = torch.tensor([r.token_at(r.num_tokens - 1) for r in requests], device=self.device)
+        last = self.pool.gather(requests, [[r.num_tokens - 1] for r in requests])  # [B]
         grid = torch.cat([last[:, None], drafts], 1).reshape(-1)  # [B * (k_max + 1)]
         width = drafts.shape[1] + 1
         flat = [b * width + j for b, k in enumerate(proposal.num_drafts) for j in range(k + 1)]
@@ -297,8 +303,13 @@ class Engine:
 
     def _retire(self, request: Request) -> None:
         self.scheduler.remove(request)
-        self.proposer.release(request)
+        self._preempted(request)
         self.rows.release(request.request_id)
+
+    def _preempted(self, request: Request) -> None:
+        """The request left the running set: its proposer state and pool row go."""
+        self.proposer.release(request)
+        self.pool.release(request)
 
 
 def _offsets(num_rows: list[int]) -> list[int]:

@@ -49,6 +49,7 @@ def verify_tree(engine, batch: Batch, proposal: DraftProposal) -> tuple[StepOutp
     bonus = result.token_ids.gather(1, result.num_accepted[:, None])[:, 0]
     starts = [r.num_computed_tokens for r in requests]
     step = StepResult(requests, offsets, starts, out.hidden, result.num_accepted, bonus, None, speculative=True, accepted_rows=rows)
+    engine.pool.write(requests, result.token_ids, [r.num_tokens for r in requests])
     engine.executor.drive(engine.proposer.launch(step))  # before the host reads the step
     step_out, num_emitted = read_step(result.token_ids, result.num_accepted + 1, out.logits, rows, requests)
     for b, r in enumerate(requests):

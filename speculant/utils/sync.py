@@ -20,6 +20,8 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch.overrides import TorchFunctionMode
 
+from speculant.utils.device_check import DeviceMixCheck, check_enabled
+
 _local = threading.local()
 STRICT_ENV = "SPECULANT_STRICT_SYNC"
 
@@ -63,11 +65,14 @@ def strict_sync() -> Iterator[None]:
 @contextlib.contextmanager
 def guarded_step(strict: bool | None = None) -> Iterator[None]:
     """The scope of one engine step (or of its worker's share): strict when `strict` (default:
-    `strict_enabled()`), else nothing. Threads other than the caller's need their own scope."""
-    if not (strict_enabled() if strict is None else strict):
-        yield
-        return
-    with counting_cpu_reads(), _StrictMode():
+    `strict_enabled()`), checked for device mixing when `speculant.utils.device_check` is on,
+    else nothing. Threads other than the caller's need their own scope."""
+    with contextlib.ExitStack() as stack:
+        if strict_enabled() if strict is None else strict:
+            stack.enter_context(counting_cpu_reads())
+            stack.enter_context(_StrictMode())
+        if check_enabled():
+            stack.enter_context(DeviceMixCheck())
         yield
 
 
