@@ -203,6 +203,7 @@ class StepOutput:
     token_ids: list[list[int]]  # [B][n_b]
     logprobs: list[list[float]] | None = None  # [B][n_b] when any request asked for them
     top_logprobs: list[list[list[tuple[int, float]]]] | None = None  # [B][n_b][n] (id, logprob)
+    proposed: list[int] | None = None  # [B] drafts each sequence verified (a tree: its depth); None on plain steps
 
 
 @dataclass(frozen=True)

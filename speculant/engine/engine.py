@@ -18,28 +18,29 @@ from speculant.attention.batch import SeqInput
 from speculant.config import EngineConfig
 from speculant.core import (
     Batch,
-    DraftProposal,
     Request,
     RequestOutput,
     RequestStatus,
     StepOutput,
     StepResult,
 )
+from speculant.engine.chain_verify import row_offsets, verify_chain
 from speculant.engine.memory import plan_engine, resolve_budget
 from speculant.engine.output import OutputProcessor
 from speculant.engine.readout import read_step
 from speculant.engine.sampling_rows import SamplingRows
 from speculant.engine.stats import EngineStats
+from speculant.engine.timeline import Timeline
 from speculant.engine.token_pool import TokenPool
 from speculant.engine.tree_verify import verify_tree
+from speculant.engine.worker import StepWorker
 from speculant.executor.executor import Executor
 from speculant.executor.loading import load_target
 from speculant.executor.plan import TARGET, ForwardPlan
 from speculant.kv_cache.allocator import PageAllocator, PageTables
-from speculant.sampling.acceptance import accept_drafts, pad_ragged
 from speculant.sampling.params import SamplingParams
 from speculant.sampling.rng import PositionNoise
-from speculant.sampling.sampler import processed_probs, sample_logits
+from speculant.sampling.sampler import sample_logits
 from speculant.scheduler.scheduler import Scheduler
 from speculant.speculative.base import ProposerContext
 from speculant.speculative.registry import create_proposer
@@ -73,6 +74,10 @@ class Engine:
         self.requests: dict[str, Request] = {}
         self.rows = SamplingRows(self.device)
         self.stats = EngineStats()
+        self.timeline = Timeline()
+        self.executor.timeline = self.timeline
+        self.worker = StepWorker(self.timeline) if config.scheduler.overlap else None
+        self._prepared: Batch | None = None  # the next step's batch, scheduled during this one
         self.stop_token_ids = _stop_token_ids(self.tokenizer, self.arch)
         self._ids = itertools.count()
 
@@ -155,25 +160,70 @@ class Engine:
     # ---- one step -------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        batch, failed = self._without_failed_rows(self.scheduler.schedule())
+        self.timeline.begin_step()
+        with self.timeline.span("schedule"):
+            batch, failed = self._without_failed_rows(self._next_batch())
         if not batch.seqs:
+            self.timeline.end_step()
             return failed
         self.pool.admit(batch.requests)
-        start, reads = time.perf_counter(), host_reads()
+        start, reads, decode = time.perf_counter(), host_reads(), batch.is_decode
         with self.stats.timed_step(batch), guarded_step():
-            speculative = self.proposer.speculates(batch)  # fixes each request's k (all 0: a plain step)
-            self.stats.record_ks(self.proposer.chosen_ks())
-            if speculative:
-                proposal = self.executor.drive(self.proposer.propose(batch))
-                verify = self._verify_and_accept if proposal.tree is None else self._verify_tree
-                step_out, result = verify(batch, proposal)
-            else:
-                step_out, result = self._forward_and_sample(batch)
-            outputs = failed + self._commit(batch, step_out, result)
-            if strict_enabled() and batch.is_decode:
+            with self.timeline.span("plan"):
+                speculative = self.proposer.speculates(batch)  # fixes each request's k (all 0: a plain step)
+                self.stats.record_ks(self.proposer.chosen_ks())
+            step_out, result = self._run(batch, speculative)
+            with self.timeline.span("commit"):
+                self._apply(batch, step_out, result)
+                outputs = failed + self._commit(batch, step_out, result)
+            if strict_enabled() and decode:
                 self.stats.record_decode_reads(host_reads() - reads)
         self.proposer.observe(result, time.perf_counter() - start)
+        self.timeline.end_step()
         return outputs
+
+    def _next_batch(self) -> Batch:
+        """The batch prepared during the last step (minus requests that finished), else a fresh one."""
+        prepared, self._prepared = self._prepared, None
+        seqs = [s for s in prepared.seqs if not s.request.finished] if prepared is not None else []
+        return Batch(seqs) if seqs else self.scheduler.schedule()
+
+    def _run(self, batch: Batch, speculative: bool) -> tuple[StepOutput, StepResult]:
+        """The device stage; with overlap it runs in the worker while the host prepares the next
+        batch from what it knows: each sampling request may append up to k + 1 tokens."""
+        if self.worker is None:
+            return self._device_stage(batch, speculative)
+        grow = {s.request: (self.proposer.step_k(s.request) + 1 if speculative else 1) if s.samples else 0 for s in batch.seqs}
+        in_flight = {s.request: (s.num_new_tokens, grow[s.request]) for s in batch.seqs}
+        pending = self.worker.submit(self._device_stage, batch, speculative)
+        with self.timeline.span("prepare"):
+            self._prepared = self.scheduler.schedule_ahead(in_flight)
+            if self._prepared is not None:
+                self.rows.build(self._prepared.requests)  # a failure is found again, and reported, next step
+        with self.timeline.span("wait"):
+            return pending.result()
+
+    def _device_stage(self, batch: Batch, speculative: bool) -> tuple[StepOutput, StepResult]:
+        """Propose → verify → accept → launch → the one read; leaves request state alone."""
+        if not speculative:
+            return self._forward_and_sample(batch)
+        with self.timeline.span("propose"):
+            proposal = self.executor.drive(self.proposer.propose(batch))
+        verify = verify_chain if proposal.tree is None else verify_tree
+        return verify(self, batch, proposal)
+
+    def _apply(self, batch: Batch, step_out: StepOutput, result: StepResult) -> None:
+        """The step's KV growth and acceptance counts, on the host once the step is read."""
+        for b, s in enumerate(batch.seqs):
+            r = s.request
+            if not result.speculative:
+                r.num_computed_tokens += s.num_new_tokens
+                continue
+            accepted = result.accepted_counts[b]
+            r.num_computed_tokens += 1 + accepted
+            if step_out.proposed[b]:  # a step with nothing proposed is plain decoding
+                r.spec_stats.record(step_out.proposed[b], accepted)
+                self.stats.spec_stats.record(step_out.proposed[b], accepted)
 
     def _without_failed_rows(self, batch: Batch) -> tuple[Batch, list[RequestOutput]]:
         """The batch minus requests whose sampling rows fail to build; those finish with an error."""
@@ -198,19 +248,17 @@ class Engine:
         samples = [s.samples for s in batch.seqs]
         sampling = [s.request for s in batch.seqs if s.samples]
         bonus = self._sample_rows(out.logits, samples, sampling)  # [B]
-        offsets = _offsets([s.num_new_tokens for s in batch.seqs])
+        offsets = row_offsets([s.num_new_tokens for s in batch.seqs])
         starts = [s.request.num_computed_tokens for s in batch.seqs]
         result = StepResult(batch.requests, offsets, starts, out.hidden, torch.zeros_like(bonus), bonus, None, speculative=False)
         self.pool.write(batch.requests, bonus[:, None], [r.num_tokens for r in batch.requests])
         self.executor.drive(self.proposer.launch(result))  # before the host reads the step
-        if sampling:
-            rank = list(itertools.accumulate(samples, initial=-1))[1:]  # each sequence's logits row
-            rows = torch.tensor([[max(0, i)] for i in rank], device=bonus.device)  # [B, 1]
+        if not sampling:
+            return StepOutput([[] for _ in batch.seqs]), result
+        rank = list(itertools.accumulate(samples, initial=-1))[1:]  # each sequence's logits row
+        rows = torch.tensor([[max(0, i)] for i in rank], device=bonus.device)  # [B, 1]
+        with self.timeline.span("read"):
             step_out, _ = read_step(bonus[:, None], [int(x) for x in samples], out.logits, rows, batch.requests)
-        else:
-            step_out = StepOutput([[] for _ in batch.seqs])
-        for s in batch.seqs:
-            s.request.num_computed_tokens += s.num_new_tokens
         return step_out, result
 
     def _sample_rows(self, logits: torch.Tensor, samples: list[bool], requests: list[Request]) -> torch.Tensor:
@@ -225,55 +273,6 @@ class Engine:
         st = self.rows.tensors(requests)
         generators = [r.noise.generator(r.num_tokens) if r.noise else None for r in requests]  # the sampled token's position
         return sample_logits(logits, st, generators, self.generator)
-
-    def _verify_and_accept(self, batch: Batch, proposal: DraftProposal) -> tuple[StepOutput, StepResult]:
-        requests, ks = batch.requests, proposal.num_drafts
-        inputs = [
-            SeqInput([0] * (k + 1), r.num_computed_tokens, self.pages.table(r.request_id), logits="all")
-            for r, k in zip(requests, ks)
-        ]
-        out = self.executor.run(ForwardPlan(TARGET, inputs, input_ids=self._verify_ids(requests, proposal)))
-        logits = out.logits  # [sum(k_b + 1), V]
-        target_probs = self._padded_target_probs(batch, proposal, logits)
-        result = accept_drafts(
-            proposal.token_ids, torch.tensor(ks), proposal.draft_probs, target_probs,
-            [r.noise for r in requests], [r.num_tokens for r in requests], self.generator,
-        )
-        offsets = _offsets([k + 1 for k in ks])
-        bonus = result.token_ids.gather(1, result.num_accepted[:, None])[:, 0]  # [B]
-        starts = [r.num_computed_tokens for r in requests]
-        step = StepResult(requests, offsets, starts, out.hidden, result.num_accepted, bonus, None, speculative=True)
-        self.pool.write(requests, result.token_ids, [r.num_tokens for r in requests])
-        self.executor.drive(self.proposer.launch(step))  # before the host reads the step
-        width = result.token_ids.shape[1]
-        rows = torch.tensor([[offsets[b] + min(j, k) for j in range(width)] for b, k in enumerate(ks)], device=logits.device)
-        step_out, num_emitted = read_step(result.token_ids, result.num_emitted, logits, rows, requests)
-        for b, r in enumerate(requests):
-            accepted = num_emitted[b] - 1
-            r.num_computed_tokens += 1 + accepted
-            if ks[b]:  # a step with nothing proposed is plain decoding
-                r.spec_stats.record(ks[b], accepted)
-                self.stats.spec_stats.record(ks[b], accepted)
-        return step_out, dataclasses.replace(step, accepted_counts=[n - 1 for n in num_emitted])
-
-    def _verify_ids(self, requests: list[Request], proposal: DraftProposal) -> torch.Tensor:
-        """[sum(k_b + 1)] each sequence's last token then its drafts, gathered on the device."""
-        drafts = proposal.token_ids.to(self.device, non_blocking=True)  # [B, k_max]
-        last = self.pool.gather(requests, [[r.num_tokens - 1] for r in requests])  # [B]
-        grid = torch.cat([last[:, None], drafts], 1).reshape(-1)  # [B * (k_max + 1)]
-        width = drafts.shape[1] + 1
-        flat = [b * width + j for b, k in enumerate(proposal.num_drafts) for j in range(k + 1)]
-        return grid.index_select(0, torch.tensor(flat, device=self.device))
-
-    def _verify_tree(self, batch: Batch, proposal: DraftProposal) -> tuple[StepOutput, StepResult]:
-        return verify_tree(self, batch, proposal)
-
-    def _padded_target_probs(self, batch: Batch, proposal: DraftProposal, logits: torch.Tensor) -> torch.Tensor:
-        """[B, k_max + 1, V] processed target distributions at each drafted position and the bonus."""
-        counts = [k + 1 for k in proposal.num_drafts]
-        st = self.rows.tensors(batch.requests).repeat_interleave(counts)
-        probs = processed_probs(logits, st)  # [sum(k_b + 1), V]
-        return pad_ragged(probs, torch.tensor(counts, device=logits.device), proposal.token_ids.shape[1] + 1)
 
     # ---- commit ---------------------------------------------------------------------------
 
@@ -296,10 +295,14 @@ class Engine:
                 self.requests.pop(r.request_id, None)
                 self._retire(r)
                 self.stats.record_finish(r)
-            else:
+            elif not self._reserved(r):
                 self.pages.shrink(r.request_id, r.num_tokens)  # rejected drafts' pages go back
             outputs.append(out)
         return outputs
+
+    def _reserved(self, request: Request) -> bool:
+        """Pages for the prepared next step are held: they cover the most tokens this one emits."""
+        return self._prepared is not None and any(s.request is request for s in self._prepared.seqs)
 
     def _retire(self, request: Request) -> None:
         self.scheduler.remove(request)
@@ -310,14 +313,6 @@ class Engine:
         """The request left the running set: its proposer state and pool row go."""
         self.proposer.release(request)
         self.pool.release(request)
-
-
-def _offsets(num_rows: list[int]) -> list[int]:
-    """[B + 1] where each sequence's rows start in a flat forward, and the total."""
-    offsets = [0]
-    for n in num_rows:
-        offsets.append(offsets[-1] + n)
-    return offsets
 
 
 def _stop_token_ids(tokenizer, arch) -> frozenset[int]:

@@ -18,6 +18,7 @@ import torch
 
 from speculant.attention.batch import SeqInput
 from speculant.core import Batch, DraftProposal, StepOutput, StepResult
+from speculant.engine.chain_verify import verify_ids
 from speculant.engine.readout import read_step
 from speculant.executor.plan import TARGET, ForwardPlan
 from speculant.sampling.acceptance import pad_ragged
@@ -40,7 +41,7 @@ def verify_tree(engine, batch: Batch, proposal: DraftProposal) -> tuple[StepOutp
         )
         for b, r in enumerate(requests)
     ]
-    out = engine.executor.run(ForwardPlan(TARGET, inputs, input_ids=engine._verify_ids(requests, proposal)))
+    out = engine.executor.run(ForwardPlan(TARGET, inputs, input_ids=verify_ids(engine, requests, proposal)))
     counts = [len(p) + 1 for p in parents]
     result = _accept(engine, batch, proposal, out.logits, counts)
     offsets = np.concatenate([[0], np.cumsum(counts)]).tolist()
@@ -51,13 +52,9 @@ def verify_tree(engine, batch: Batch, proposal: DraftProposal) -> tuple[StepOutp
     step = StepResult(requests, offsets, starts, out.hidden, result.num_accepted, bonus, None, speculative=True, accepted_rows=rows)
     engine.pool.write(requests, result.token_ids, [r.num_tokens for r in requests])
     engine.executor.drive(engine.proposer.launch(step))  # before the host reads the step
-    step_out, num_emitted = read_step(result.token_ids, result.num_accepted + 1, out.logits, rows, requests)
-    for b, r in enumerate(requests):
-        r.num_computed_tokens += num_emitted[b]
-        if parents[b]:  # acceptance by position counts tree levels
-            depth = int(depths(parents[b]).max())
-            r.spec_stats.record(depth, num_emitted[b] - 1)
-            engine.stats.spec_stats.record(depth, num_emitted[b] - 1)
+    with engine.timeline.span("read"):
+        step_out, num_emitted = read_step(result.token_ids, result.num_accepted + 1, out.logits, rows, requests)
+    step_out.proposed = [int(depths(p).max()) if p else 0 for p in parents]  # acceptance by position counts tree levels
     return step_out, dataclasses.replace(step, accepted_counts=[n - 1 for n in num_emitted])
 
 

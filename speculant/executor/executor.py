@@ -9,6 +9,7 @@ launch forwards ahead of the host.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 from speculant.attention.batch import build_forward_batch
@@ -23,6 +24,7 @@ class Executor:
         self._runners: dict[str, ModelRunner] = {TARGET: target}
         self._target_sha256 = target_sha256  # the target checkpoint's sha256, for heads trained on it
         self.page_size: int | None = None  # set by allocate_kv
+        self.timeline = None  # the engine's `Timeline`: each forward is a span of it
 
     # ---- models -----------------------------------------------------------------------------
 
@@ -100,8 +102,10 @@ class Executor:
     def run(self, plan: ForwardPlan) -> ForwardResult:
         """One forward of `plan.model` over `plan.inputs`."""
         assert self.page_size is not None, "allocate_kv first"
-        fb = build_forward_batch(plan.inputs, self.page_size)
-        logits, hidden = self._runner(plan.model).forward(fb, plan.input_embeds, plan.hidden_states, plan.input_ids)
+        span = self.timeline.span(f"forward:{plan.model}") if self.timeline is not None else contextlib.nullcontext()
+        with span:
+            fb = build_forward_batch(plan.inputs, self.page_size)
+            logits, hidden = self._runner(plan.model).forward(fb, plan.input_embeds, plan.hidden_states, plan.input_ids)
         return ForwardResult(logits, hidden)
 
     def drive(self, forwards: Forwards[T]) -> T:

@@ -30,9 +30,13 @@ class HostReadError(RuntimeError):
     """A device-to-host read outside `speculant.utils.sync` during a strict engine step."""
 
 
+_reads = [0]  # process-wide: a step's read may happen on its worker thread
+_reads_lock = threading.Lock()
+
+
 def host_reads() -> int:
-    """Device-to-host reads of accelerator tensors made by this thread so far."""
-    return getattr(_local, "count", 0)
+    """Device-to-host reads of accelerator tensors (and of CPU tensors where counted) so far."""
+    return _reads[0]
 
 
 @contextlib.contextmanager
@@ -63,15 +67,16 @@ def strict_sync() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def guarded_step(strict: bool | None = None) -> Iterator[None]:
+def guarded_step(strict: bool | None = None, check: bool | None = None) -> Iterator[None]:
     """The scope of one engine step (or of its worker's share): strict when `strict` (default:
-    `strict_enabled()`), checked for device mixing when `speculant.utils.device_check` is on,
-    else nothing. Threads other than the caller's need their own scope."""
+    `strict_enabled()`), checked for device mixing when `check` (default: the device check's
+    switch), else nothing. Modes are per thread: a worker enters its own scope with the flags
+    of the thread that started the step."""
     with contextlib.ExitStack() as stack:
         if strict_enabled() if strict is None else strict:
             stack.enter_context(counting_cpu_reads())
             stack.enter_context(_StrictMode())
-        if check_enabled():
+        if check_enabled() if check is None else check:
             stack.enter_context(DeviceMixCheck())
         yield
 
@@ -88,7 +93,8 @@ def to_list(t: torch.Tensor) -> list:
 def read_all(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Every tensor on the CPU through one sync: non-blocking copies, then one wait (one read)."""
     if any(t.device.type != "cpu" for t in tensors) or getattr(_local, "cpu", False):
-        _local.count = host_reads() + 1
+        with _reads_lock:
+            _reads[0] += 1
     return _sanctioned(lambda: _copy_all(tensors))
 
 
