@@ -104,10 +104,16 @@ def read_lists(tensors: Sequence[torch.Tensor]) -> list[list]:
 
 
 def _copy_all(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    host = [t.to("cpu", non_blocking=True) for t in tensors]
-    if any(t.device.type == "cuda" for t in tensors):
+    if not any(t.device.type == "cuda" for t in tensors):
+        return [t.to("cpu") for t in tensors]
+    debug = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode(0)  # the sanctioned sync, even under set_sync_debug_mode("error")
+    try:
+        host = [t.to("cpu", non_blocking=True) for t in tensors]
         torch.cuda.current_stream().synchronize()
-    return host
+        return host
+    finally:
+        torch.cuda.set_sync_debug_mode(debug)
 
 
 def _sanctioned(read):
