@@ -14,7 +14,6 @@ import time
 
 import torch
 
-from speculant.attention.batch import SeqInput
 from speculant.config import EngineConfig
 from speculant.core import (
     Batch,
@@ -24,10 +23,10 @@ from speculant.core import (
     StepOutput,
     StepResult,
 )
-from speculant.engine.chain_verify import row_offsets, verify_chain
+from speculant.engine.chain_verify import verify_chain
 from speculant.engine.memory import plan_engine, resolve_budget
 from speculant.engine.output import OutputProcessor
-from speculant.engine.readout import read_step
+from speculant.engine.sample_step import forward_and_sample
 from speculant.engine.sampling_rows import SamplingRows
 from speculant.engine.stats import EngineStats
 from speculant.engine.timeline import Timeline
@@ -36,11 +35,9 @@ from speculant.engine.tree_verify import verify_tree
 from speculant.engine.worker import StepWorker
 from speculant.executor.executor import Executor
 from speculant.executor.loading import load_target
-from speculant.executor.plan import TARGET, ForwardPlan
 from speculant.kv_cache.allocator import PageAllocator, PageTables
 from speculant.sampling.params import SamplingParams
 from speculant.sampling.rng import PositionNoise
-from speculant.sampling.sampler import sample_logits
 from speculant.scheduler.scheduler import Scheduler
 from speculant.speculative.base import ProposerContext
 from speculant.speculative.registry import create_proposer
@@ -206,7 +203,7 @@ class Engine:
     def _device_stage(self, batch: Batch, speculative: bool) -> tuple[StepOutput, StepResult]:
         """Propose → verify → accept → launch → the one read; leaves request state alone."""
         if not speculative:
-            return self._forward_and_sample(batch)
+            return forward_and_sample(self, batch)
         with self.timeline.span("propose"):
             proposal = self.executor.drive(self.proposer.propose(batch))
         verify = verify_chain if proposal.tree is None else verify_tree
@@ -232,47 +229,6 @@ class Engine:
             return batch, []
         outputs = [self.abort_request(r.request_id, error) for r, error in failed.items()]
         return Batch([s for s in batch.seqs if s.request not in failed]), outputs
-
-    def _forward_and_sample(self, batch: Batch) -> tuple[StepOutput, StepResult]:
-        inputs = [
-            SeqInput(
-                token_ids=s.request.token_slice(s.request.num_computed_tokens, s.request.num_computed_tokens + s.num_new_tokens),
-                kv_start=s.request.num_computed_tokens,
-                page_table=self.pages.table(s.request.request_id),
-                logits="last" if s.samples else "none",
-            )
-            for s in batch.seqs
-        ]
-        spans = [range(s.request.num_computed_tokens, s.request.num_computed_tokens + s.num_new_tokens) for s in batch.seqs]
-        out = self.executor.run(ForwardPlan(TARGET, inputs, input_ids=self.pool.gather(batch.requests, spans)))
-        samples = [s.samples for s in batch.seqs]
-        sampling = [s.request for s in batch.seqs if s.samples]
-        bonus = self._sample_rows(out.logits, samples, sampling)  # [B]
-        offsets = row_offsets([s.num_new_tokens for s in batch.seqs])
-        starts = [s.request.num_computed_tokens for s in batch.seqs]
-        result = StepResult(batch.requests, offsets, starts, out.hidden, torch.zeros_like(bonus), bonus, None, speculative=False)
-        self.pool.write(batch.requests, bonus[:, None], [r.num_tokens for r in batch.requests])
-        self.executor.drive(self.proposer.launch(result))  # before the host reads the step
-        if not sampling:
-            return StepOutput([[] for _ in batch.seqs]), result
-        rank = list(itertools.accumulate(samples, initial=-1))[1:]  # each sequence's logits row
-        rows = torch.tensor([[max(0, i)] for i in rank], device=bonus.device)  # [B, 1]
-        with self.timeline.span("read"):
-            step_out, _ = read_step(bonus[:, None], [int(x) for x in samples], out.logits, rows, batch.requests)
-        return step_out, result
-
-    def _sample_rows(self, logits: torch.Tensor, samples: list[bool], requests: list[Request]) -> torch.Tensor:
-        """[B] int64: the sampled token of each sequence that samples (`logits` row by row), -1 elsewhere."""
-        tokens = torch.full((len(samples),), -1, dtype=torch.int64, device=logits.device)
-        if requests:
-            rows = torch.tensor([b for b, sampled in enumerate(samples) if sampled], device=logits.device)
-            tokens.index_copy_(0, rows, self._sample(logits, requests))  # integer rows: no device sync
-        return tokens
-
-    def _sample(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
-        st = self.rows.tensors(requests)
-        generators = [r.noise.generator(r.num_tokens) if r.noise else None for r in requests]  # the sampled token's position
-        return sample_logits(logits, st, generators, self.generator)
 
     # ---- commit ---------------------------------------------------------------------------
 

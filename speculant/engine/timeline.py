@@ -3,7 +3,8 @@
 Each step records spans (stage name, thread, start, end): schedule, plan (the proposer's
 choice of k), propose, each forward (`forward:<model>`), the host read, commit, and with overlap
 `prepare` (scheduling the next step while this one's forwards run) and `wait` (the host waiting
-for the worker). Host time is *hidden* when a host span runs while the worker is busy.
+for the worker). Host time is *hidden* when a host span runs between handing the device stage to
+the worker and the worker finishing it: it is then off the step's critical path.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class Span:
 @dataclass
 class StepTimeline:
     spans: list[Span] = field(default_factory=list)
-    busy: tuple[float, float] | None = None  # the worker's (start, end) this step
+    busy: tuple[float, float] | None = None  # (handed to the worker, worker done) this step
 
     def hidden_s(self) -> float:
         """Host-stage time that overlapped the worker's busy interval."""
@@ -85,10 +86,12 @@ class Timeline:
                 self._current.spans.append(Span(name, start, time.perf_counter(), getattr(self._worker, "on", False)))
 
     @contextlib.contextmanager
-    def worker(self) -> Iterator[None]:
-        """The worker thread's share of the step: its spans are marked, its interval is `busy`."""
+    def worker(self, submitted: float) -> Iterator[None]:
+        """The worker thread's share of the step, handed over at `submitted` (perf_counter): its
+        spans are marked, and [submitted, its end] is `busy` — host work in that interval is off
+        the step's critical path, whether or not the thread had woken up yet."""
         self._worker.on = True
-        start = time.perf_counter()
+        start = submitted
         try:
             yield
         finally:

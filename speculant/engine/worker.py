@@ -8,6 +8,7 @@ device-check modes) is carried over from the thread that submits the step.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
@@ -28,9 +29,10 @@ class StepWorker:
 
     def submit(self, stage: Callable[..., T], *args) -> Future[T]:
         grad, strict, check = torch.is_grad_enabled(), strict_enabled(), check_enabled()
+        submitted = time.perf_counter()
 
         def run() -> T:
-            with torch.set_grad_enabled(grad), self.timeline.worker(), guarded_step(strict, check):
+            with torch.set_grad_enabled(grad), self.timeline.worker(submitted), guarded_step(strict, check):
                 return stage(*args)
 
         return self._thread.submit(run)

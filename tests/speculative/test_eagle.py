@@ -113,3 +113,24 @@ def test_auto_budget_is_measured_and_reported(target, head, plain_outputs):
     assert 1 <= stats["tree_budget"] <= stats["tree_budget_max"] == 12
     assert sorted(stats["verify_cost_s"]) == [1, 2, 4, 8, 13]
     assert stats["kv_pages_used"] == 0  # the calibration's scratch pages went back
+
+
+def test_one_host_read_per_decode_step_strict(target, head):
+    """A greedy static-tree decode step in strict sync mode under the device-mixing check: one
+    host read. (Dynamic trees read each level's frontier to build its mask, and sampled trees
+    walk their nodes on the host, `sampling.tree_acceptance.accept_tree`.)"""
+    from speculant.utils import sync
+    from speculant.utils.device_check import device_check
+
+    llm = eagle_llm(target, head, **TREES["static"])
+    params = [GREEDY, SamplingParams(max_tokens=24, temperature=0, logprobs=True, top_logprobs=2), GREEDY]
+    for prompt, p in zip(PROMPTS[:3], params):
+        llm.engine.add_request(prompt, p)
+    while not all(r.output_token_ids for r in llm.engine.requests.values()):
+        llm.engine.step()
+    drafted = llm.engine.stats.spec_stats.draft_steps
+    with sync.strict_sync(), device_check():
+        before = sync.host_reads()
+        llm.engine.step()
+        assert sync.host_reads() - before == 1
+    assert llm.engine.stats.spec_stats.draft_steps > drafted
