@@ -54,7 +54,7 @@ class Engine:
         self.arch = self.executor.arch()
         self.generator = torch.Generator().manual_seed(config.model.seed)
         self.proposer = create_proposer(
-            ProposerContext(config.speculative, config.model, self.arch, self.device, self.generator, draft_checkpoint)
+            ProposerContext(config.speculative, config.model, self.arch, self.device, self.generator, draft_checkpoint, config.scheduler.max_num_seqs)
         )
         for spec in self.proposer.model_specs():
             self.executor.add_model(spec)

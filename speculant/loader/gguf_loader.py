@@ -1,5 +1,6 @@
 """Weights of a GGUF file as Hugging Face-named torch tensors: dequantized, or (`keep_quantized`)
-with Linear weights in the quantized layouts of `speculant.layers.quant`."""
+with Linear weights in the quantized layouts of `speculant.layers.quant`. DeepSeek files
+(`deepseek2`) go through `gguf_deepseek`, always dequantized."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from speculant.config import ArchConfig
 from speculant.loader.dequant import SUPPORTED_TYPES, dequantize
 from speculant.loader.errors import CheckpointError
 from speculant.loader.gguf_arch import PERMUTED_FAMILIES, arch_config, hf_name
+from speculant.loader.gguf_deepseek_arch import ARCH as DEEPSEEK_ARCH
 from speculant.loader.gguf_file import GGUFFile
 from speculant.loader.requant import keeps_quantized, requantize
 from speculant.loader.validate import check_shapes
@@ -17,6 +19,10 @@ from speculant.loader.validate import check_shapes
 def load_gguf_weights(
     gguf: GGUFFile, dtype: torch.dtype, keep_quantized: bool = False
 ) -> tuple[ArchConfig, dict]:
+    if gguf.metadata.get("general.architecture") == DEEPSEEK_ARCH:
+        from speculant.loader.gguf_deepseek import load_deepseek_gguf
+
+        return load_deepseek_gguf(gguf, dtype)
     arch = arch_config(gguf)
     names = {hf: info.name for info in gguf.tensors.values() if (hf := hf_name(info.name))}
     # Shapes are checked from the tensor infos, before minutes of work could be wasted.

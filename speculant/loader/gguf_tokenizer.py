@@ -40,6 +40,16 @@ _REGEX_SPLITS = {
     "llama-v3": _LLAMA3_SPLIT,
     "smaug-bpe": _LLAMA3_SPLIT,
 }
+# Splits applied one after the other (llama.cpp's DEEPSEEK3_LLM, DeepSeek-V3's tokenizer.json):
+# digits in runs of up to three, CJK runs, then a GPT-4-like split of the rest.
+_SPLIT_SEQUENCES = {
+    "deepseek-v3": (
+        r"\p{N}{1,3}",
+        "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+        r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+        r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    ),
+}
 # Vocabularies split like GPT-2 but with every digit on its own ("smollm" in llama.cpp;
 # `Digits(individual_digits=True)` before `ByteLevel` in SmolLM2's tokenizer.json).
 _DIGIT_SPLIT_PRES = frozenset({"smollm", "starcoder", "refact", "codeshell"})
@@ -100,12 +110,11 @@ def _byte_level_bpe(tokens: list[str], merges: list[str]) -> Tokenizer:
 
 
 def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
-    byte_level = pre_tokenizers.ByteLevel(
-        add_prefix_space=False, use_regex=pre not in _REGEX_SPLITS
-    )
-    if pre in _REGEX_SPLITS:
-        split = pre_tokenizers.Split(Regex(_REGEX_SPLITS[pre]), behavior="isolated")
-        return pre_tokenizers.Sequence([split, byte_level])
+    splits = _SPLIT_SEQUENCES.get(pre) or ((_REGEX_SPLITS[pre],) if pre in _REGEX_SPLITS else ())
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=not splits)
+    if splits:
+        isolated = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in splits]
+        return pre_tokenizers.Sequence([*isolated, byte_level])
     if pre in _DIGIT_SPLIT_PRES:
         return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
     return byte_level  # "gpt2", "default" and unknown: GPT-2's own split

@@ -29,11 +29,18 @@ from speculant.config import ArchConfig
 from speculant.layers.linear import DenseLinear, linear, make_linear
 from speculant.layers.rotary import RotaryEmbedding
 from speculant.models.base import CausalLM, ForwardContext
+from speculant.models.deepseek_v3 import (
+    expanded_attend,
+    load_mla_layer,
+    mla_decoder_layer,
+    mtp_layer_shapes,
+)
 from speculant.models.llama import Attend, LayerWeights, decoder_layer
 
 HEAD_VARIANTS = ("normed", "eagle")
 Product = Callable[[torch.Tensor], torch.Tensor]
 MakeLinear = Callable[[torch.Tensor, torch.Tensor | None], Product]
+Block = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Attend], torch.Tensor]  # x, cos, sin, attend -> x
 
 
 def head_arch(target: ArchConfig) -> ArchConfig:
@@ -42,39 +49,45 @@ def head_arch(target: ArchConfig) -> ArchConfig:
 
 
 def head_weight_shapes(arch: ArchConfig, variant: str, with_layer: bool = True) -> dict[str, tuple[int, ...]]:
-    """Every trainable tensor of a head, by name (DeepSeek MTP names; the layer's as in HF Llama;
-    `with_layer=False`: the head's own tensors alone, for a block of the target's family)."""
+    """Every trainable tensor of a head, by name (DeepSeek MTP names; the layer's Hugging Face names,
+    Llama's or, for a DeepSeek-V3 target, its MTP block's; `with_layer=False`: the head's own tensors alone, for a block of the target's family)."""
     if variant not in HEAD_VARIANTS:
         raise ValueError(f"head variant must be one of {list(HEAD_VARIANTS)}, got {variant!r}")
-    h, a = arch.hidden_size, arch
+    h = arch.hidden_size
     shapes: dict[str, tuple[int, ...]] = {"eh_proj.weight": (h, 2 * h)}
     if variant == "normed":
         shapes.update({"enorm.weight": (h,), "hnorm.weight": (h,), "norm.weight": (h,)})
     if not with_layer:
         return shapes
-    p = "layer."
-    shapes.update({
-        f"{p}input_layernorm.weight": (h,),
-        f"{p}self_attn.q_proj.weight": (a.q_size, h),
-        f"{p}self_attn.k_proj.weight": (a.kv_size, h),
-        f"{p}self_attn.v_proj.weight": (a.kv_size, h),
-        f"{p}self_attn.o_proj.weight": (h, a.q_size),
-        f"{p}post_attention_layernorm.weight": (h,),
-        f"{p}mlp.gate_proj.weight": (a.intermediate_size, h),
-        f"{p}mlp.up_proj.weight": (a.intermediate_size, h),
-        f"{p}mlp.down_proj.weight": (h, a.intermediate_size),
-    })
+    if arch.mla is not None:  # a DeepSeek-V3 target: its MTP module's block (MLA, MoE)
+        return shapes | {f"layer.{k}": v for k, v in mtp_layer_shapes(arch).items()}
+    return shapes | {f"layer.{k}": v for k, v in _llama_layer_shapes(arch).items()}
+
+
+def _llama_layer_shapes(a: ArchConfig) -> dict[str, tuple[int, ...]]:
+    h = a.hidden_size
+    shapes = {
+        "input_layernorm.weight": (h,),
+        "self_attn.q_proj.weight": (a.q_size, h),
+        "self_attn.k_proj.weight": (a.kv_size, h),
+        "self_attn.v_proj.weight": (a.kv_size, h),
+        "self_attn.o_proj.weight": (h, a.q_size),
+        "post_attention_layernorm.weight": (h,),
+        "mlp.gate_proj.weight": (a.intermediate_size, h),
+        "mlp.up_proj.weight": (a.intermediate_size, h),
+        "mlp.down_proj.weight": (h, a.intermediate_size),
+    }
     if a.attention_bias:
-        shapes.update({f"{p}self_attn.{x}_proj.bias": (n,) for x, n in (("q", a.q_size), ("k", a.kv_size), ("v", a.kv_size))})
+        shapes.update({f"self_attn.{x}_proj.bias": (n,) for x, n in (("q", a.q_size), ("k", a.kv_size), ("v", a.kv_size))})
     return shapes
 
 
 def init_head_weights(arch: ArchConfig, variant: str, seed: int = 0, std: float = 0.02) -> dict[str, torch.Tensor]:
-    """Fresh fp32 weights: norms 1, biases 0, matrices N(0, std)."""
+    """Fresh fp32 weights: norms 1, biases 0, matrices (and stacked experts) N(0, std)."""
     g = torch.Generator().manual_seed(seed)
     out = {}
     for name, shape in head_weight_shapes(arch, variant).items():
-        if len(shape) == 2:
+        if len(shape) >= 2:
             out[name] = torch.randn(shape, generator=g) * std
         else:
             out[name] = torch.zeros(shape) if name.endswith("bias") else torch.ones(shape)
@@ -87,7 +100,7 @@ class HeadModules:
 
     variant: str
     eh_proj: Product  # [2 * hidden] -> [hidden]
-    layer: LayerWeights | None  # None: the block is the target family's own (`CausalLM.head_block`)
+    block: Block | None  # None: the block is the target family's own, run by the model (`CausalLM.head_block`)
     enorm: torch.Tensor | None  # [hidden] (normed variant)
     hnorm: torch.Tensor | None
     norm: torch.Tensor | None
@@ -107,13 +120,30 @@ def build_modules(
     if missing:
         raise KeyError(f"head weights lack {missing[:4]}")
     normed = variant == "normed"
-    layer = _llama_layer(weights, arch, linear) if with_layer else None
+    block = _block(weights, arch, linear) if with_layer else None
     return HeadModules(
-        variant, linear(weights["eh_proj.weight"], None), layer,
+        variant, linear(weights["eh_proj.weight"], None), block,
         weights["enorm.weight"] if normed else None,
         weights["hnorm.weight"] if normed else None,
         weights["norm.weight"] if normed else None,
     )
+
+
+def _block(weights: dict[str, torch.Tensor], arch: ArchConfig, linear: MakeLinear) -> Block:
+    """The head's decoder layer as `(x, cos, sin, attend) -> x`: the Llama layer, or for a DeepSeek-V3
+    target its MTP block with attention expanded through `attend` (what head training runs)."""
+    if arch.mla is not None:
+        get = lambda name, dtype=None: _take(weights, "layer." + name)  # noqa: E731
+        mla = load_mla_layer(arch, get, lambda w: linear(w, None))
+        return lambda x, cos, sin, attend: mla_decoder_layer(arch, mla, x, cos, sin, expanded_attend(arch, mla, attend))
+    layer = _llama_layer(weights, arch, linear)
+    return lambda x, cos, sin, attend: decoder_layer(arch, layer, x, cos, sin, attend)
+
+
+def _take(weights: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    if name not in weights:
+        raise KeyError(f"head weights lack {name!r}")
+    return weights[name]
 
 
 def _llama_layer(weights: dict[str, torch.Tensor], arch: ArchConfig, linear: MakeLinear) -> LayerWeights:
@@ -139,7 +169,7 @@ def head_forward(
     sin: torch.Tensor,
     attend: Attend,
 ) -> torch.Tensor:  # [T, hidden] the head's output states (before its final norm)
-    return decoder_layer(arch, m.layer, head_input(arch, m, embeds, hidden), cos, sin, attend)
+    return m.block(head_input(arch, m, embeds, hidden), cos, sin, attend)
 
 
 def head_input(arch: ArchConfig, m: HeadModules, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:

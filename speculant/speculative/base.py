@@ -27,7 +27,9 @@ from speculant.core import Batch, DraftProposal, Request, StepResult
 from speculant.executor.plan import Forwards, ModelSpec
 from speculant.kv_cache.allocator import PageTables
 from speculant.sampling.sampler import SamplingTensors, processed_probs, sample
+from speculant.speculative import calibration
 from speculant.speculative.adaptive import AdaptiveK
+from speculant.speculative.cost_model import StepCostModel
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,7 @@ class ProposerContext:
     device: torch.device
     generator: torch.Generator  # engine-wide default for requests without a seed
     draft_checkpoint: Any = None  # a loaded draft checkpoint (tests); else speculative.draft.model is loaded
+    max_num_seqs: int = 64  # the scheduler's bound on sequences per step
 
 
 class Proposer(ABC):
@@ -58,12 +61,26 @@ class Proposer(ABC):
         self.pages = pages
 
     def calibrate(self) -> Forwards[None]:
-        """Forwards to measure once at start-up, after `bind` (scratch pages, given back)."""
-        yield from ()
+        """Forwards to measure once at start-up, after `bind` (scratch pages, given back): with
+        adaptive k, the step cost model's prior (`speculative.calibration`; cached per machine)."""
+        if self.adaptive is None:
+            return
+        k_max, ctx = self.ctx.speculative.num_draft_tokens, self.ctx
+        key = calibration.cache_key(ctx.model, ctx.target_arch, k_max)
+        samples = calibration.load_cached(key)
+        if samples is None:
+            samples = yield from calibration.measure(self.pages, k_max, ctx.max_num_seqs, ctx.target_arch.max_position)
+            if samples:
+                calibration.save_cached(key, samples)
+        if samples:
+            self.adaptive.cost = StepCostModel.calibrated(samples)
 
     def stats(self) -> dict:
         """The proposer's own figures for `LLM.stats()` (e.g. a tree's chosen size)."""
-        return {}
+        if self.adaptive is None:
+            return {}
+        cost = self.adaptive.cost
+        return {"step_cost_coefficients_s": [float(c) for c in cost.theta], "step_cost_calibration": cost.calibration}
 
     def memory_bytes(self, max_num_seqs: int) -> dict[str, int]:
         """Bytes this proposer keeps or allocates per step beyond its models' weights and K/V,

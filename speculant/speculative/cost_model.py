@@ -31,6 +31,18 @@ class StepCostModel:
         self._P_trace_max = float(np.trace(self.P)) * 1e3  # no wind-up while the regressors do not vary
         self.forget = forget
         self.num_updates = 0
+        self.calibration: list[tuple[list[int], int, float]] = []  # the samples the prior was fitted to
+
+    @classmethod
+    def calibrated(cls, samples: Sequence[tuple[Sequence[int], int, float]]) -> StepCostModel:
+        """A model whose prior is the least-squares fit of measured (ks, context, seconds)
+        samples (`speculative.calibration`); the prior's weight is that of a few steps."""
+        x = np.stack([features(ks, context) for ks, context, _ in samples])  # [S, 3]
+        y = np.array([seconds for _, _, seconds in samples])
+        theta = np.linalg.lstsq(x, y, rcond=None)[0]
+        model = cls(prior=np.concatenate([theta[:1], np.maximum(theta[1:], 0.0)]))
+        model.calibration = [(list(ks), int(c), float(s)) for ks, c, s in samples]
+        return model
 
     def predict(self, ks: Sequence[int], context_tokens: int) -> float:
         """Seconds for the target's part of a decode step (never below a microsecond)."""

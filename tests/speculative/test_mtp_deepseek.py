@@ -119,3 +119,32 @@ def test_a_head_folder_with_deepseek_mtp_names_runs_the_same_block(tmp_path):
         runs.append(([o.token_ids for o in llm.generate(PROMPTS, GREEDY)], llm.stats()["accepted_tokens"]))
     assert runs[0] == runs[1]
     assert runs[0][0] == [o.token_ids for o in _llm(ckpt).generate(PROMPTS, GREEDY)]
+
+
+def test_sampling_with_a_trained_head_matches_the_target(tmp_path):
+    """A head trained for the target by head training's own stages (hidden states through the
+    executor, then the trainer: the MLA + MoE block on trainable tensors), drafting by sampling:
+    the first tokens and the bonus tokens follow the target's law."""
+    from speculant.training.hidden import HiddenOptions, Sequence, precompute
+    from speculant.training.target import target_tensors
+    from speculant.training.trainer import TrainOptions, train
+
+    target = tiny_hf_model("deepseek", seed=9, vocab_size=VOCAB)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(2.5)
+    ckpt = TinyCheckpoint(target)
+    g = torch.Generator().manual_seed(0)
+    sequences = [Sequence(torch.randint(3, VOCAB, (24,), generator=g).tolist(), prompt_len=2) for _ in range(24)]
+    precompute(ckpt, ModelConfig(model="tiny"), sequences, tmp_path / "hidden", HiddenOptions(top_k=VOCAB, page_size=4), progress=False)
+    options = TrainOptions(steps=60, batch_tokens=256, lr=3e-3, warmup_steps=5, checkpoint_every=60, unroll=2)
+    train(tmp_path / "hidden", tmp_path / "train", target_tensors(ckpt, "tiny"), options, progress=False)
+    params = SamplingParams(max_tokens=NUM_DRAFTS + 2, temperature=0.8, top_k=12, ignore_eos=True)
+    llm = LLM(model="tiny", checkpoint=ckpt, speculative="mtp", head=str(tmp_path / "train" / "head"),
+              head_sampling="sample", page_size=4, **SAMPLING_ENGINE)
+    run = run_samples(llm, params)
+    x = run.tokens
+    pairs = [x[:, 0] * VOCAB + x[:, 1], x[:, 1] * VOCAB + x[:, 2], x[:, 2] * VOCAB + x[:, 3]]
+    out = {f"x{i + 1}x{i + 2}": chi_square_pvalue(c, j) for i, (c, j) in enumerate(zip(pairs, exact_joints(target, params)))}
+    out["bonus"] = bonus_pvalue(target, params, run.bonuses)
+    assert min(out.values()) > ALPHA, out
+    assert llm.stats()["accepted_tokens"] > 0.3 * llm.stats()["draft_tokens"]  # trained: often right

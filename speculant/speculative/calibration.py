@@ -1,0 +1,101 @@
+"""Start-up calibration of the step cost model (adaptive k), cached per machine and model shape.
+
+A few target forwards shaped like decode steps are timed once: 1 and 8 sequences, each verifying
+1 or k + 1 tokens over a short context, and one sequence over a longer context, so the three
+coefficients of `StepCostModel` (per step, per verified token, per 1000 context tokens) are all
+determined. The fit seeds the online model, which the engine's measured step times then correct.
+Results are cached in `$SPECULANT_CACHE/step_cost.json` under a key of the CPU, threads, torch
+version, device, dtype, weights and the target's shape, so only the first start measures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Sequence
+
+import torch
+
+from speculant.attention.batch import SeqInput
+from speculant.config import ArchConfig, ModelConfig
+from speculant.executor.plan import TARGET, ForwardPlan, Forwards
+from speculant.kv_cache.allocator import PageTables
+from speculant.layers.autotune import cpu_name
+
+SHORT_CONTEXT, LONG_CONTEXT = 64, 512  # tokens of context per sequence
+BATCH = 8  # sequences of the batched points
+REPEATS = 3  # forwards timed per point (the fastest counts)
+CALIBRATION_ID = "<step cost calibration {}>"  # page-table ids of the scratch sequences
+
+Sample = tuple[list[int], int, float]  # (verified tokens - 1 per sequence, context tokens, seconds)
+
+
+def points(k_max: int, max_seqs: int, capacity: int, max_position: int) -> list[tuple[int, int, int]]:
+    """(sequences, tokens verified per sequence, context per sequence) to time, fitting in
+    `capacity` KV slots and the model's context."""
+    batch = max(1, min(BATCH, max_seqs))
+    short, long = (min(c, max_position - k_max - 1) for c in (SHORT_CONTEXT, LONG_CONTEXT))
+    out = [(1, t, short) for t in (1, k_max + 1)] + [(batch, t, short) for t in (1, k_max + 1)]
+    out += [(1, t, long) for t in (1, k_max + 1)]
+    return [p for p in dict.fromkeys(out) if p[2] > 0 and p[0] * (p[1] + p[2]) <= capacity]
+
+
+def measure(pages: PageTables, k_max: int, max_seqs: int, max_position: int) -> Forwards[list[Sample]]:
+    """Time target forwards at `points`, in scratch pages given back after."""
+    samples: list[Sample] = []
+    capacity = pages.allocator.num_pages * pages.page_size
+    for batch, tokens, context in points(k_max, max_seqs, capacity, max_position):
+        ids = [CALIBRATION_ID.format(b) for b in range(batch)]
+        try:
+            if not all(pages.ensure(seq, context + tokens) for seq in ids):
+                continue  # too few pages for this point (a tiny cache): fit the others
+            yield ForwardPlan(TARGET, [SeqInput([0] * context, 0, pages.table(seq), logits="none") for seq in ids])
+            step = [SeqInput([0] * tokens, context, pages.table(seq), logits="all") for seq in ids]
+            times = []
+            for _ in range(REPEATS):
+                start = time.perf_counter()
+                yield ForwardPlan(TARGET, step)
+                times.append(time.perf_counter() - start)
+            samples.append(([tokens - 1] * batch, batch * context, min(times)))
+        finally:
+            for seq in ids:
+                pages.release(seq)
+    return samples
+
+
+def cache_key(model: ModelConfig, arch: ArchConfig, k_max: int) -> str:
+    shape = f"{arch.family}:{arch.hidden_size}x{arch.num_layers}:{arch.num_heads}/{arch.num_kv_heads}x{arch.head_dim}:{arch.intermediate_size}:{arch.vocab_size}"
+    settings = f"{model.device}|{model.dtype}|{model.weights}|{model.attention_backend}|k{k_max}"
+    return f"{cpu_name()}|{os.cpu_count()}|{torch.get_num_threads()}|{torch.__version__}|{settings}|{shape}"
+
+
+def load_cached(key: str) -> list[Sample] | None:
+    entry = _read().get(key)
+    return None if entry is None else [(list(ks), int(c), float(s)) for ks, c, s in entry]
+
+
+def save_cached(key: str, samples: Sequence[Sample]) -> None:
+    cache = _read()
+    cache[key] = [list(s) for s in samples]
+    path = _path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only cache only costs the next start a calibration
+
+
+def _path():
+    from speculant.loader.registry import cache_dir
+
+    return cache_dir() / "step_cost.json"
+
+
+def _read() -> dict:
+    try:
+        return json.loads(_path().read_text())
+    except (OSError, ValueError):
+        return {}
