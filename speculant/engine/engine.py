@@ -52,7 +52,7 @@ class Engine:
         target, self.tokenizer, target_sha256 = load_target(config, checkpoint)
         self.executor = Executor(target, target_sha256)
         self.arch = self.executor.arch()
-        self.generator = torch.Generator().manual_seed(config.model.seed)
+        self.generator = torch.Generator(device=self.device).manual_seed(config.model.seed)  # unseeded rows' noise, drawn on the device
         self.proposer = create_proposer(
             ProposerContext(config.speculative, config.model, self.arch, self.device, self.generator, draft_checkpoint, config.scheduler.max_num_seqs)
         )

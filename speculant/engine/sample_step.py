@@ -48,6 +48,6 @@ def _sample_rows(engine, logits: torch.Tensor, samples: list[bool], requests: li
     if requests:
         rows = torch.tensor([b for b, sampled in enumerate(samples) if sampled], device=logits.device)
         st = engine.rows.tensors(requests)
-        generators = [r.noise.generator(r.num_tokens) if r.noise else None for r in requests]  # the sampled token's position
+        generators = [r.noise.generator(r.num_tokens, logits.device) if r.noise else None for r in requests]  # the sampled token's position
         tokens.index_copy_(0, rows, sample_logits(logits, st, generators, engine.generator))  # integer rows: no device sync
     return tokens

@@ -20,7 +20,7 @@ from speculant.core import Request
 class TokenPool:
     def __init__(self, num_slots: int, max_len: int, device: torch.device) -> None:
         self.device, self.max_len = device, max_len
-        self.tokens = torch.zeros(num_slots, max_len, dtype=torch.int64, device=device)  # [slots, max_len]
+        self.tokens = torch.zeros(num_slots, max_len, dtype=torch.int32, device=device)  # [slots, max_len] (int32: half the bytes)
         self._slots: dict[str, int] = {}  # request id -> row
         self._free = list(range(num_slots - 1, -1, -1))
 
@@ -32,7 +32,7 @@ class TokenPool:
             if not self._free:
                 raise RuntimeError(f"token pool is full ({self.tokens.shape[0]} slots)")
             slot = self._slots[r.request_id] = self._free.pop()
-            self.tokens[slot, : r.num_tokens] = self._on_device(r.all_token_ids)
+            self.tokens[slot, : r.num_tokens] = self._on_device(r.all_token_ids).to(torch.int32)
 
     def release(self, request: Request) -> None:
         slot = self._slots.pop(request.request_id, None)
@@ -40,9 +40,9 @@ class TokenPool:
             self._free.append(slot)
 
     def gather(self, requests: Sequence[Request], positions: Sequence[Sequence[int]]) -> torch.Tensor:
-        """[sum(len(positions[b]))] the tokens at `positions[b]` of each request, flat, on the device."""
+        """[sum(len(positions[b]))] int64: the tokens at `positions[b]` of each request, flat, on the device."""
         flat = [self._slots[r.request_id] * self.max_len + p for r, ps in zip(requests, positions) for p in ps]
-        return self.tokens.view(-1).index_select(0, self._on_device(flat))
+        return self.tokens.view(-1).index_select(0, self._on_device(flat)).long()
 
     def write(self, requests: Sequence[Request], tokens: torch.Tensor, starts: Sequence[int]) -> None:
         """Scatter `tokens` [B, W] (device, -1 padded) to positions starts[b] + j of each row, on
@@ -54,7 +54,7 @@ class TokenPool:
             for j in range(min(width, self.max_len - start)):
                 picked.append(b * width + j)
                 index.append(base + start + j)
-        rows = tokens.reshape(-1).clamp(min=0).index_select(0, self._on_device(picked))
+        rows = tokens.reshape(-1).clamp(min=0).index_select(0, self._on_device(picked)).to(torch.int32)
         self.tokens.view(-1).index_copy_(0, self._on_device(index), rows)
 
     def _on_device(self, values: list[int]) -> torch.Tensor:

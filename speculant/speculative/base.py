@@ -180,7 +180,7 @@ def choose_drafts(
         return logits.argmax(dim=-1), None
     st = SamplingTensors.from_params([r.params for r in requests], logits.device)
     q = processed_probs(logits, st)
-    generators = [r.noise.generator(r.num_tokens + offset) if r.noise else None for r in requests]
+    generators = [r.noise.generator(r.num_tokens + offset, logits.device) if r.noise else None for r in requests]
     return sample(q, generators, default_generator), q
 
 
