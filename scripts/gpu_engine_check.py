@@ -44,12 +44,13 @@ def checked_decode_steps(method: str, target, draft) -> int:
     steps = 0
     torch.cuda.set_sync_debug_mode("error")
     try:
-        while llm.engine.has_unfinished() and steps < 8:
-            llm.engine.step()
-            steps += 1
+        with sync.counting_cpu_reads():
+            while llm.engine.has_unfinished() and steps < 8:
+                llm.engine.step()
+                steps += 1
     finally:
         torch.cuda.set_sync_debug_mode(0)
-    return (sync.host_reads() - reads) / steps
+    return (sync.host_reads() - reads) / max(steps, 1)
 
 
 def tokens_per_s(method: str, target, draft, overlap: bool, batch: int) -> float:

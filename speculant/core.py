@@ -229,6 +229,7 @@ class StepResult:
     accepted_rows: torch.Tensor | None = None  # [B, D + 1] int64 (device) on a tree step: the flat rows of each
     # sequence's last verified token and its accepted path (row j for j <= num_accepted[b]), root row after
     accepted_counts: list[int] | None = None  # [B] num_accepted as the host read it; None before the read
+    accepted_paths: list[list[int]] | None = None  # [B][num_accepted[b]] a tree step's accepted nodes, root to tip, as read
 
 
 @dataclass

@@ -40,7 +40,7 @@ def verify_chain(engine, batch: Batch, proposal: DraftProposal) -> tuple[StepOut
     width = result.token_ids.shape[1]
     rows = torch.tensor([[offsets[b] + min(j, k) for j in range(width)] for b, k in enumerate(ks)], device=logits.device)
     with engine.timeline.span("read"):
-        step_out, num_emitted = read_step(result.token_ids, result.num_emitted, logits, rows, requests)
+        step_out, num_emitted, _ = read_step(result.token_ids, result.num_emitted, logits, rows, requests)
     step_out.proposed = list(ks)
     return step_out, dataclasses.replace(step, accepted_counts=[n - 1 for n in num_emitted])
 

@@ -23,10 +23,12 @@ def read_step(
     logits: torch.Tensor,  # [R, V] raw logits the emitted tokens were decided from
     rows: torch.Tensor,  # [B, W] int64 row of `logits` for each slot (any valid row past the count)
     requests: Sequence[Request],  # [B]
-) -> tuple[StepOutput, list[int]]:
-    """The step's StepOutput and each sequence's emitted count, through one device-to-host read."""
+    extra: Sequence[torch.Tensor] = (),  # more of the step's device tensors to read along
+) -> tuple[StepOutput, list[int], list[list]]:
+    """The step's StepOutput, each sequence's emitted count and `extra` as lists, through one
+    device-to-host read."""
     device_counts = isinstance(counts, torch.Tensor)
-    reads = [tokens] + ([counts] if device_counts else [])
+    reads = list(extra) + [tokens] + ([counts] if device_counts else [])
     top_n = _top_n(requests, logits.shape[-1]) if logits.shape[0] else None
     if top_n is not None:
         flat_rows = rows.reshape(-1)
@@ -36,6 +38,7 @@ def read_step(
             values, ids = top_token_logprobs(picked, top_n)  # [B * W, n]
             reads += [values.view(*tokens.shape, top_n), ids.view(*tokens.shape, top_n)]
     host = read_lists(reads)
+    extras, host = host[: len(extra)], host[len(extra) :]
     grid = host[0]
     emitted_counts = host[1] if device_counts else list(counts)
     emitted = [row[:n] for row, n in zip(grid, emitted_counts)]
@@ -45,7 +48,7 @@ def read_step(
         logprobs = [row[:n] for row, n in zip(host[at], emitted_counts)]
         if top_n:
             tops = [[list(zip(i, v)) for i, v in zip(ids[:n], values[:n])] for ids, values, n in zip(host[at + 2], host[at + 1], emitted_counts)]
-    return StepOutput(emitted, logprobs, tops), emitted_counts
+    return StepOutput(emitted, logprobs, tops), emitted_counts, extras
 
 
 def _top_n(requests: Sequence[Request], vocab_size: int) -> int | None:

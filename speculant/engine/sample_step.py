@@ -38,7 +38,7 @@ def forward_and_sample(engine, batch: Batch) -> tuple[StepOutput, StepResult]:
     rank = list(itertools.accumulate(samples, initial=-1))[1:]  # each sequence's logits row
     rows = torch.tensor([[max(0, i)] for i in rank], device=bonus.device)  # [B, 1]
     with engine.timeline.span("read"):
-        step_out, _ = read_step(bonus[:, None], [int(x) for x in samples], out.logits, rows, batch.requests)
+        step_out, _, _ = read_step(bonus[:, None], [int(x) for x in samples], out.logits, rows, batch.requests)
     return step_out, result
 
 

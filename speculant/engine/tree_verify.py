@@ -53,9 +53,11 @@ def verify_tree(engine, batch: Batch, proposal: DraftProposal) -> tuple[StepOutp
     engine.pool.write(requests, result.token_ids, [r.num_tokens for r in requests])
     engine.executor.drive(engine.proposer.launch(step))  # before the host reads the step
     with engine.timeline.span("read"):
-        step_out, num_emitted = read_step(result.token_ids, result.num_accepted + 1, out.logits, rows, requests)
+        step_out, num_emitted, (paths,) = read_step(result.token_ids, result.num_accepted + 1, out.logits, rows, requests, [result.path])
     step_out.proposed = [int(depths(p).max()) if p else 0 for p in parents]  # acceptance by position counts tree levels
-    return step_out, dataclasses.replace(step, accepted_counts=[n - 1 for n in num_emitted])
+    accepted = [n - 1 for n in num_emitted]
+    paths = [path[:a] for path, a in zip(paths, accepted)]
+    return step_out, dataclasses.replace(step, accepted_counts=accepted, accepted_paths=paths)
 
 
 def _accept(engine, batch: Batch, proposal: DraftProposal, logits: torch.Tensor, counts: list[int]) -> TreeAcceptResult:

@@ -115,14 +115,16 @@ def test_auto_budget_is_measured_and_reported(target, head, plain_outputs):
     assert stats["kv_pages_used"] == 0  # the calibration's scratch pages went back
 
 
-def test_one_host_read_per_decode_step_strict(target, head):
+@pytest.mark.parametrize("auto_budget", [False, True], ids=["fixed", "auto-budget"])
+def test_one_host_read_per_decode_step_strict(target, head, auto_budget):
     """A greedy static-tree decode step in strict sync mode under the device-mixing check: one
-    host read. (Dynamic trees read each level's frontier to build its mask, and sampled trees
-    walk their nodes on the host, `sampling.tree_acceptance.accept_tree`.)"""
+    host read, the accepted paths (for the tree budget) read with the tokens. (Dynamic trees
+    read each level's frontier to build its mask, and sampled trees walk their nodes on the
+    host, `sampling.tree_acceptance.accept_tree`.)"""
     from speculant.utils import sync
     from speculant.utils.device_check import device_check
 
-    llm = eagle_llm(target, head, **TREES["static"])
+    llm = eagle_llm(target, head, tree_auto_budget=auto_budget, **TREES["static"])
     params = [GREEDY, SamplingParams(max_tokens=24, temperature=0, logprobs=True, top_logprobs=2), GREEDY]
     for prompt, p in zip(PROMPTS[:3], params):
         llm.engine.add_request(prompt, p)
