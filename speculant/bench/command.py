@@ -24,6 +24,7 @@ class BenchOptions:
     dataset: str | None = None  # None: MT-bench beside the checkout
     num_prompts: int | None = 20
     max_turns: int | None = None  # keep each item's first turns only (1: MT-bench first turns)
+    repeat: int = 1  # every item this many times, all items once before any repeats (repeated requests)
     max_tokens: int = 64
     batch_sizes: tuple[int, ...] = (1, 16)
     temperature: float = 0.0
@@ -89,6 +90,9 @@ def run_bench(base: EngineConfig, opts: BenchOptions, checkpoint=None, draft_che
     items = select(load_dataset(path), opts.num_prompts)
     if opts.max_turns is not None:
         items = [dataclasses.replace(item, turns=item.turns[: opts.max_turns]) for item in items]
+    if opts.repeat < 1:
+        raise ValueError(f"--repeat: expected an integer >= 1, got {opts.repeat}")
+    items = [dataclasses.replace(item, id=f"{item.id}#{r}" if r else item.id) for r in range(opts.repeat) for item in items]
     checkpoint = checkpoint or load_checkpoint(base.model.model)
     configs = {m: build_engine_config(method_options(m), base) for m in opts.methods}
     drafts = {c.speculative.draft.model for c in configs.values() if c.speculative.method == "draft"}
@@ -112,7 +116,7 @@ def run_bench(base: EngineConfig, opts: BenchOptions, checkpoint=None, draft_che
     setup = {
         "model": base.model.model, "draft_model": base.speculative.draft.model, "dataset": str(path),
         "items": len(items), "methods": list(opts.methods), "batch_sizes": list(opts.batch_sizes),
-        "max_tokens": opts.max_tokens, "max_turns": opts.max_turns, "temperature": opts.temperature,
+        "max_tokens": opts.max_tokens, "max_turns": opts.max_turns, "repeat": opts.repeat, "temperature": opts.temperature,
         "num_draft_tokens": base.speculative.num_draft_tokens, "dtype": base.model.dtype,
         "wall_s": time.perf_counter() - start, "machine": machine(),
     }

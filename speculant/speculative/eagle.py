@@ -117,7 +117,7 @@ class EagleProposer(MtpProposer):
                 seconds[t] = min(times)
         finally:
             self.pages.release(CALIBRATION_ID)
-        self.chooser = TreeBudget(self.budget, seconds)
+        self.chooser = TreeBudget(self.budget, seconds, self.depth)
 
     def speculates(self, batch: Batch) -> bool:
         if self.chooser is not None and batch.is_decode:
@@ -162,7 +162,7 @@ class EagleProposer(MtpProposer):
         self._tokens, self._depths = full, [int(tree.depths(p).max(initial=0)) for p in all_parents]
         self._sizes = [len(p) for p in all_parents]
         if self.chooser is not None:
-            self.chooser.record_draft(time.perf_counter() - start)
+            self.chooser.record_draft(time.perf_counter() - start, max(self._depths, default=1) - 1)
         return DraftProposal(full, [len(p) for p in all_parents], full_probs, DraftTree(all_parents))
 
     def _carried(self, requests: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:  # [B, V], [B, hidden]
@@ -195,7 +195,8 @@ class EagleProposer(MtpProposer):
         front, front_states = torch.arange(k).expand(num, k), state[:, None].expand(num, k, -1)
         front_tokens, front_scores = tokens, scores
         masks = [np.eye(k, dtype=bool)] * num  # [B] [k, entries] each frontier node's ancestor entries and its own
-        for depth in range(2, self.depth + 1):
+        max_depth = min(self.depth, self.step_budget)  # b kept nodes are at most b deep: no deeper level can stay
+        for depth in range(2, max_depth + 1):
             first = k * (depth - 2)
             logits, states = yield from self._entries(requests, front_tokens, front_states, depth - 1, first, masks)
             child_tokens, child_scores = tree.top_children(logits.float().log_softmax(-1), front_scores, k)  # [B, k, k]
@@ -204,7 +205,7 @@ class EagleProposer(MtpProposer):
             cand["scores"].append(child_scores.reshape(num, -1))
             cand["parents"].append(front.to(tokens.device).repeat_interleave(k, dim=1))
             cand["depths"].append(depth)
-            if depth == self.depth:
+            if depth == max_depth:
                 break
             pick = child_scores.reshape(num, -1).topk(k, dim=-1).indices  # [B, k] among this level's k * k
             slot = pick // k  # the frontier entry each new frontier node hangs from

@@ -11,8 +11,11 @@ so on a GPU; so the budget comes from two measurements instead of a constant:
   its size. Until `WARMUP` trees are seen, and then one step in `EXPLORE`, the largest budget is
   verified so that every budget keeps being measured.
 
-expected tokens/s (b) = (1 + mean accepted at b) / (verify seconds (b + 1) + draft seconds)
-Pure arithmetic: no engine, no torch.
+expected tokens/s (b) = (1 + mean accepted at b) / (verify seconds (b + 1) + draft seconds (b))
+
+A tree of b nodes is at most b deep, so it grows at most min(depth, b) levels: the draft seconds
+of budget b are the measured seconds per head level times the min(depth, b) - 1 levels past the
+first (whose children come from the carried logits). Pure arithmetic: no engine, no torch.
 """
 
 from __future__ import annotations
@@ -36,14 +39,19 @@ def measure_points(max_budget: int) -> list[int]:
     return points + [max_budget + 1]
 
 
+def grown_levels(depth: int, budget: int) -> int:
+    """Head forwards that grow a tree of `budget` nodes at most `depth` deep."""
+    return max(0, min(depth, budget) - 1)
+
+
 class TreeBudget:
-    def __init__(self, max_budget: int, verify_seconds: dict[int, float]) -> None:
-        self.max_budget = max_budget
+    def __init__(self, max_budget: int, verify_seconds: dict[int, float], depth: int | None = None) -> None:
+        self.max_budget, self.depth = max_budget, max_budget if depth is None else depth
         self.verify_t = np.array(sorted(verify_seconds), dtype=float)  # [P] verified tokens
         self.verify_s = np.array([verify_seconds[t] for t in sorted(verify_seconds)])  # [P] seconds
         self.accepted = np.zeros(max_budget + 1)  # [b] accepted drafts summed over trees of size >= b
         self.trees = np.zeros(max_budget + 1)  # [b] trees of size >= b seen
-        self.draft_s = MovingAverage(0.0)
+        self.level_s = MovingAverage(0.0)  # seconds per head level grown
         self.steps = 0
         self.chosen = max_budget
 
@@ -54,8 +62,13 @@ class TreeBudget:
         self.accepted[: size + 1] += within
         self.trees[: size + 1] += 1
 
-    def record_draft(self, seconds: float) -> None:
-        self.draft_s.update(seconds)
+    def record_draft(self, seconds: float, levels: int) -> None:
+        """A step spent `seconds` growing trees `levels` head forwards deep."""
+        if levels > 0:
+            self.level_s.update(seconds / levels)
+
+    def draft_seconds(self, budget: int) -> float:
+        return self.level_s.value * grown_levels(self.depth, budget)
 
     def verify_seconds(self, tokens: int) -> float:
         return float(np.interp(tokens, self.verify_t, self.verify_s))
@@ -63,7 +76,7 @@ class TreeBudget:
     def expected_rate(self, budget: int) -> float:
         """Expected tokens per second of a step verifying a tree of `budget` nodes."""
         tau = 1.0 + self.accepted[budget] / max(self.trees[budget], 1.0)
-        return tau / (self.verify_seconds(budget + 1) + self.draft_s.value)
+        return tau / (self.verify_seconds(budget + 1) + self.draft_seconds(budget))
 
     def choose(self) -> int:
         """The budget of the next step."""

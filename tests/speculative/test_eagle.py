@@ -115,6 +115,29 @@ def test_auto_budget_is_measured_and_reported(target, head, plain_outputs):
     assert stats["kv_pages_used"] == 0  # the calibration's scratch pages went back
 
 
+@pytest.mark.parametrize("budget", [1, 2, 3])
+def test_a_small_dynamic_budget_grows_no_deeper_than_it_keeps(target, head, plain_outputs, budget):
+    """b kept nodes are at most b deep, so a step grows at most b - 1 head levels (the tree depth
+    allows 3)."""
+    llm = eagle_llm(target, head, **{**TREES["dynamic"], "num_draft_tokens": budget})
+    proposer, levels = llm.engine.proposer, []
+    propose, entries = proposer.propose, proposer._entries
+
+    def recording(batch):
+        levels.append(0)
+        out = yield from propose(batch)
+        assert max(proposer._depths) <= budget
+        return out
+
+    def counting(*args):
+        levels[-1] += 1
+        return (yield from entries(*args))
+
+    proposer.propose, proposer._entries = recording, counting
+    assert [o.token_ids for o in llm.generate(PROMPTS[:3], GREEDY)] == plain_outputs[:3]
+    assert levels and max(levels) == budget - 1
+
+
 @pytest.mark.parametrize("auto_budget", [False, True], ids=["fixed", "auto-budget"])
 def test_one_host_read_per_decode_step_strict(target, head, auto_budget):
     """A greedy static-tree decode step in strict sync mode under the device-mixing check: one

@@ -43,3 +43,14 @@ def test_the_largest_budget_until_warm():
     budget = TreeBudget(8, {1: 1.0, 9: 100.0})
     budget.record_tree(8, [0])
     assert budget.choose() == 8
+
+
+def test_smaller_budgets_grow_fewer_head_levels():
+    """Flat verify cost, costly head levels, only the first node ever accepted: a tree of one
+    node (no head forward) beats deeper ones."""
+    budget = TreeBudget(8, {1: 1.0, 9: 1.0}, depth=5)
+    for _ in range(WARMUP + 8):
+        budget.record_tree(8, [0])
+        budget.record_draft(4.0, levels=4)  # 1 s per level
+    assert [budget.draft_seconds(b) for b in (1, 2, 3, 8)] == [0.0, 1.0, 2.0, 4.0]
+    assert max(range(1, 9), key=budget.expected_rate) == 1
