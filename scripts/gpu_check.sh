@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# GPU checks of the FlashInfer attention backend, for a session lent a CUDA machine:
+# GPU checks, for a session lent a CUDA machine:
 #   bash scripts/gpu_check.sh            (PY=/path/to/python3 to pick the interpreter)
-# Runs the gpu-marked tests, then prints decode and tree-verification attention timings, FlashInfer
-# against the torch backend, side by side in one run.
+# Runs every gpu-marked test, then whole engine steps (plain, n-gram, draft-target) under
+# torch.cuda.set_sync_debug_mode("error") outside the step's one host read, with a short timing of
+# overlap off vs on (scripts/gpu_engine_check.py, tiny models: no weights needed), then decode and
+# tree-verification attention timings, FlashInfer against the torch backend, side by side.
 #
 # It uses the machine's python3 (which must hold a CUDA torch) with this checkout on PYTHONPATH, and
 # installs flashinfer from the wheels in .whl/ when it is not importable. A machine that cannot
@@ -17,8 +19,12 @@ cd "$(dirname "$0")/.."
 PY=${PY:-python3}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 
+"$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA'; print('torch', torch.__version__, '|', torch.cuda.get_device_name())"
+"$PY" -m pytest -q -m gpu -p no:cacheprovider tests --ignore=tests/attention
+PYTHONPATH="$PYTHONPATH:$PWD/tests" "$PY" scripts/gpu_engine_check.py
+
 if ! "$PY" -c "import flashinfer" 2>/dev/null; then
-  [ -d .whl ] || { echo "flashinfer is not importable and .whl/ holds no wheels" >&2; exit 1; }
+  [ -d .whl ] || { echo "flashinfer is not importable and .whl/ holds no wheels: attention checks skipped" >&2; exit 1; }
   "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/flashinfer-site .whl/*.whl
   export PYTHONPATH="$PYTHONPATH:/tmp/flashinfer-site"
 fi

@@ -175,6 +175,9 @@ class SchedulerConfig:
     max_num_seqs: int = option(64, "sequences running together")
     max_num_batched_tokens: int = option(512, "per-step token budget; longer prompts are prefilled in chunks")
     max_waiting: int = option(1024, "admission queue bound (the server answers 429 beyond it)")
+    overlap: bool = option(
+        False, "prepare step N+1's batch (pages for the most tokens step N may emit) while step N's forwards run in a worker thread"
+    )
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:

@@ -203,6 +203,7 @@ class StepOutput:
     token_ids: list[list[int]]  # [B][n_b]
     logprobs: list[list[float]] | None = None  # [B][n_b] when any request asked for them
     top_logprobs: list[list[list[tuple[int, float]]]] | None = None  # [B][n_b][n] (id, logprob)
+    proposed: list[int] | None = None  # [B] drafts each sequence verified (a tree: its depth); None on plain steps
 
 
 @dataclass(frozen=True)
@@ -227,6 +228,8 @@ class StepResult:
     speculative: bool  # drafts were verified (else a plain forward and sample)
     accepted_rows: torch.Tensor | None = None  # [B, D + 1] int64 (device) on a tree step: the flat rows of each
     # sequence's last verified token and its accepted path (row j for j <= num_accepted[b]), root row after
+    accepted_counts: list[int] | None = None  # [B] num_accepted as the host read it; None before the read
+    accepted_paths: list[list[int]] | None = None  # [B][num_accepted[b]] a tree step's accepted nodes, root to tip, as read
 
 
 @dataclass

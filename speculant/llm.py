@@ -108,6 +108,7 @@ class LLM:
         stats["kv_pages_total"] = self.engine.num_pages
         stats["kv_pages_used"] = self.engine.pages.allocator.num_used
         stats.update(self.engine.proposer.stats())
+        stats.update(self.engine.timeline.as_dict())  # host-stage time, and how much of it overlap hid
         stats["memory"] = self.engine.memory.as_dict()  # the memory plan: bytes by item, with "total"
         return stats
 

@@ -12,7 +12,8 @@ from speculant.bench.suite import ItemRun, MethodRun
 ALL = "all"
 TABLE_COLUMNS = [
     "method", "batch", "category", "requests", "tok_s", "speedup", "tau", "acceptance",
-    "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p90_ms", "itl_p99_ms", "same_tokens",
+    "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p90_ms", "itl_p99_ms", "host_ms_step", "hidden_ms_step",
+    "same_tokens",
 ]
 
 
@@ -31,6 +32,9 @@ def summarize(runs: list[MethodRun], greedy: bool) -> list[dict]:
             if category == ALL:
                 row["throughput_tok_s"] = row["output_tokens"] / run.wall_s if run.wall_s else 0.0
                 row["acceptance_by_position"] = _by_position(run)
+                # host scheduling/commit time per engine step, and the part overlap hid behind forwards
+                row["host_ms_step"] = 1000 * run.host_stage_s / run.steps if run.steps else None
+                row["hidden_ms_step"] = 1000 * run.host_hidden_s / run.steps if run.steps else None
             if greedy and ref is not None and run.method != "none":
                 row["same_tokens"] = _same_tokens(items, ref.items)
             rows.append(row)

@@ -43,6 +43,9 @@ class MethodRun:
     wall_s: float = 0.0
     accepted_by_position: list[int] = field(default_factory=list)
     proposed_by_position: list[int] = field(default_factory=list)
+    steps: int = 0  # engine steps taken
+    host_stage_s: float = 0.0  # host scheduling/commit time of those steps (the engine's timeline)
+    host_hidden_s: float = 0.0  # of which ran while the step worker ran forwards (overlap)
 
 
 def run_suite(
@@ -68,8 +71,9 @@ def run_suite(
 
 
 def _run_batch(llm: LLM, batch: list[Conversation], params: SamplingParams, run: MethodRun) -> None:
-    spec = llm.engine.stats.spec_stats
+    spec, timeline = llm.engine.stats.spec_stats, llm.engine.timeline
     acc0, prop0 = list(spec.accepted_by_position), list(spec.proposed_by_position)
+    steps0, host0, hidden0 = llm.engine.stats.steps, timeline.host_s, timeline.hidden_s
     done = [ItemRun(item) for item in batch]
     start = time.perf_counter()
     for turn in range(max(len(item.turns) for item in batch)):
@@ -79,6 +83,9 @@ def _run_batch(llm: LLM, batch: list[Conversation], params: SamplingParams, run:
     run.items += done
     run.accepted_by_position = _add(run.accepted_by_position, _sub(spec.accepted_by_position, acc0))
     run.proposed_by_position = _add(run.proposed_by_position, _sub(spec.proposed_by_position, prop0))
+    run.steps += llm.engine.stats.steps - steps0
+    run.host_stage_s += timeline.host_s - host0
+    run.host_hidden_s += timeline.hidden_s - hidden0
 
 
 def _run_turn(llm: LLM, live: list[ItemRun], turn: int, params: SamplingParams) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 import weakref
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -55,6 +56,7 @@ class TensorParallelExecutor(Executor):
         self.channel = Channel(group)
         self.timeout_s = config.parallel.worker_timeout_s
         self.failure: ExecutorFailed | None = None
+        self._lock = threading.Lock()
         self._on_every_rank = [TARGET]  # models whose forwards all ranks run (messages index them)
 
     def _own_shard(self, config: EngineConfig, checkpoint, part, group: TPGroup):
@@ -109,31 +111,40 @@ class TensorParallelExecutor(Executor):
         packed = torch.from_numpy(fb.pack())
         extra = [t for t in (plan.input_ids, plan.input_embeds, plan.hidden_states) if t is not None]
         ints = [self._on_every_rank.index(plan.model), packed.numel()] + _sizes(plan)
-        with self._group_call():
+        with self.span(plan.model), self._group_call():
             self.channel.send(Op.RUN, ints, [packed, *extra])
             return self.forward_batch(plan.model, fb, plan.input_ids, plan.input_embeds, plan.hidden_states)
 
     @contextlib.contextmanager
     def _group_call(self) -> Iterator[None]:
-        """Run collectives; any failure is the group's end (ranks may have left mid-forward)."""
-        if self.failure is not None:
-            raise self.failure
-        try:
-            yield
-        except Exception as exc:
-            self.failure = ExecutorFailed(
-                f"a tensor-parallel worker failed or did not answer within {self.timeout_s:g} s "
-                f"(worker_timeout_s): {self.workers.describe()} [{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}]"
-            )
-            self.workers.stop(0.0)
-            raise self.failure from exc
+        """Run one operation's collectives (its message, then its own part), one operation at a
+        time: with the engine's step overlap, forwards may come from two threads. Any failure is
+        the group's end (ranks may have left mid-forward)."""
+        with self._lock:
+            if self.failure is not None:
+                raise self.failure
+            try:
+                yield
+            except Exception as exc:
+                self._fail(exc)
+
+    def _fail(self, exc: Exception) -> None:
+        """Stop the workers and raise (now and on every later call) an error naming their state."""
+        cause = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        self.failure = ExecutorFailed(
+            f"a tensor-parallel worker failed or did not answer within {self.timeout_s:g} s "
+            f"(worker_timeout_s): {self.workers.describe()} [{cause}]"
+        )
+        self.workers.stop(0.0)
+        raise self.failure from exc
 
     def close(self) -> None:
         """Stop the workers (STOP message, then join); idempotent."""
-        if self.failure is None and all(p.exitcode is None for p in self.workers.processes):
-            with contextlib.suppress(Exception):
-                self.channel.send(Op.STOP, [], [])
-        self.failure = self.failure or ExecutorFailed("the tensor-parallel executor is closed")
+        with self._lock:
+            if self.failure is None and all(p.exitcode is None for p in self.workers.processes):
+                with contextlib.suppress(Exception):
+                    self.channel.send(Op.STOP, [], [])
+            self.failure = self.failure or ExecutorFailed("the tensor-parallel executor is closed")
         self.workers.stop(_STOP_TIMEOUT_S)
 
 

@@ -14,38 +14,33 @@ import time
 
 import torch
 
-from speculant.attention.batch import SeqInput
 from speculant.config import EngineConfig
 from speculant.core import (
     Batch,
-    DraftProposal,
     Request,
     RequestOutput,
     RequestStatus,
     StepOutput,
     StepResult,
 )
+from speculant.engine.chain_verify import verify_chain
 from speculant.engine.memory import plan_engine, resolve_budget
-from speculant.engine.output import OutputProcessor, split_like
+from speculant.engine.output import OutputProcessor
+from speculant.engine.sample_step import forward_and_sample
 from speculant.engine.sampling_rows import SamplingRows
 from speculant.engine.stats import EngineStats
+from speculant.engine.timeline import Timeline
+from speculant.engine.token_pool import TokenPool
 from speculant.engine.tree_verify import verify_tree
+from speculant.engine.worker import StepWorker
 from speculant.executor.executor import create_executor
-from speculant.executor.plan import TARGET, ForwardPlan
 from speculant.kv_cache.allocator import PageAllocator, PageTables
-from speculant.sampling.acceptance import accept_drafts, pad_ragged
 from speculant.sampling.params import SamplingParams
 from speculant.sampling.rng import PositionNoise
-from speculant.sampling.sampler import (
-    processed_probs,
-    sample_logits,
-    token_logprobs,
-    top_token_logprobs,
-)
 from speculant.scheduler.scheduler import Scheduler
 from speculant.speculative.base import ProposerContext
 from speculant.speculative.registry import create_proposer
-from speculant.utils.sync import to_list
+from speculant.utils.sync import guarded_step, host_reads, strict_enabled
 
 
 class Engine:
@@ -55,7 +50,7 @@ class Engine:
         budget = resolve_budget(config.cache.memory_budget, self.device)  # free memory before any weight
         self.executor, self.tokenizer = create_executor(config, checkpoint)
         self.arch = self.executor.arch()
-        self.generator = torch.Generator().manual_seed(config.model.seed)
+        self.generator = torch.Generator(device=self.device).manual_seed(config.model.seed)  # unseeded rows' noise, drawn on the device
         self.proposer = create_proposer(
             ProposerContext(config.speculative, config.model, self.arch, self.device, self.generator, draft_checkpoint, config.scheduler.max_num_seqs)
         )
@@ -65,14 +60,19 @@ class Engine:
         self.pages = PageTables(PageAllocator(self.num_pages), config.cache.page_size)
         self.proposer.bind(self.pages)
         self.executor.drive(self.proposer.calibrate())
-        self.scheduler = Scheduler(config.scheduler, self.pages, self.proposer.lookahead_slots, self.proposer.release)
+        self.scheduler = Scheduler(config.scheduler, self.pages, self.proposer.lookahead_slots, self._preempted)
         # A sequence whose KV would outgrow the whole cache finishes ("length") like one reaching
         # the context: left running, it would preempt itself and wait for pages forever.
         max_tokens = min(self.arch.max_position, self.num_pages * config.cache.page_size + 1)
         self.outputs = OutputProcessor(self.tokenizer, max_tokens)
+        self.pool = TokenPool(config.scheduler.max_num_seqs, max_tokens, self.device)  # inputs gathered on the device
         self.requests: dict[str, Request] = {}
         self.rows = SamplingRows(self.device)
         self.stats = EngineStats()
+        self.timeline = Timeline()
+        self.executor.timeline = self.timeline
+        self.worker = StepWorker(self.timeline) if config.scheduler.overlap else None
+        self._prepared: Batch | None = None  # the next step's batch, scheduled during this one
         self.stop_token_ids = _stop_token_ids(self.tokenizer, self.arch)
         self._ids = itertools.count()
 
@@ -159,22 +159,70 @@ class Engine:
     # ---- one step -------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        batch, failed = self._without_failed_rows(self.scheduler.schedule())
+        self.timeline.begin_step()
+        with self.timeline.span("schedule"):
+            batch, failed = self._without_failed_rows(self._next_batch())
         if not batch.seqs:
+            self.timeline.end_step()
             return failed
-        start = time.perf_counter()
-        with self.stats.timed_step(batch):
-            speculative = self.proposer.speculates(batch)  # fixes each request's k (all 0: a plain step)
-            self.stats.record_ks(self.proposer.chosen_ks())
-            if speculative:
-                proposal = self.executor.drive(self.proposer.propose(batch))
-                verify = self._verify_and_accept if proposal.tree is None else self._verify_tree
-                step_out, result = verify(batch, proposal)
-            else:
-                step_out, result = self._forward_and_sample(batch)
-            outputs = failed + self._commit(batch, step_out, result)
+        self.pool.admit(batch.requests)
+        start, reads, decode = time.perf_counter(), host_reads(), batch.is_decode
+        with self.stats.timed_step(batch), guarded_step():
+            with self.timeline.span("plan"):
+                speculative = self.proposer.speculates(batch)  # fixes each request's k (all 0: a plain step)
+                self.stats.record_ks(self.proposer.chosen_ks())
+            step_out, result = self._run(batch, speculative)
+            with self.timeline.span("commit"):
+                self._apply(batch, step_out, result)
+                outputs = failed + self._commit(batch, step_out, result)
+            if strict_enabled() and decode:
+                self.stats.record_decode_reads(host_reads() - reads)
         self.proposer.observe(result, time.perf_counter() - start)
+        self.timeline.end_step()
         return outputs
+
+    def _next_batch(self) -> Batch:
+        """The batch prepared during the last step (minus requests that finished), else a fresh one."""
+        prepared, self._prepared = self._prepared, None
+        seqs = [s for s in prepared.seqs if not s.request.finished] if prepared is not None else []
+        return Batch(seqs) if seqs else self.scheduler.schedule()
+
+    def _run(self, batch: Batch, speculative: bool) -> tuple[StepOutput, StepResult]:
+        """The device stage; with overlap it runs in the worker while the host prepares the next
+        batch from what it knows: each sampling request may append up to k + 1 tokens."""
+        if self.worker is None:
+            return self._device_stage(batch, speculative)
+        grow = {s.request: (self.proposer.step_k(s.request) + 1 if speculative else 1) if s.samples else 0 for s in batch.seqs}
+        in_flight = {s.request: (s.num_new_tokens, grow[s.request]) for s in batch.seqs}
+        pending = self.worker.submit(self._device_stage, batch, speculative)
+        with self.timeline.span("prepare"):
+            self._prepared = self.scheduler.schedule_ahead(in_flight)
+            if self._prepared is not None:
+                self.rows.build(self._prepared.requests)  # a failure is found again, and reported, next step
+        with self.timeline.span("wait"):
+            return pending.result()
+
+    def _device_stage(self, batch: Batch, speculative: bool) -> tuple[StepOutput, StepResult]:
+        """Propose → verify → accept → launch → the one read; leaves request state alone."""
+        if not speculative:
+            return forward_and_sample(self, batch)
+        with self.timeline.span("propose"):
+            proposal = self.executor.drive(self.proposer.propose(batch))
+        verify = verify_chain if proposal.tree is None else verify_tree
+        return verify(self, batch, proposal)
+
+    def _apply(self, batch: Batch, step_out: StepOutput, result: StepResult) -> None:
+        """The step's KV growth and acceptance counts, on the host once the step is read."""
+        for b, s in enumerate(batch.seqs):
+            r = s.request
+            if not result.speculative:
+                r.num_computed_tokens += s.num_new_tokens
+                continue
+            accepted = result.accepted_counts[b]
+            r.num_computed_tokens += 1 + accepted
+            if step_out.proposed[b]:  # a step with nothing proposed is plain decoding
+                r.spec_stats.record(step_out.proposed[b], accepted)
+                self.stats.spec_stats.record(step_out.proposed[b], accepted)
 
     def _without_failed_rows(self, batch: Batch) -> tuple[Batch, list[RequestOutput]]:
         """The batch minus requests whose sampling rows fail to build; those finish with an error."""
@@ -183,101 +231,6 @@ class Engine:
             return batch, []
         outputs = [self.abort_request(r.request_id, error) for r, error in failed.items()]
         return Batch([s for s in batch.seqs if s.request not in failed]), outputs
-
-    def _forward_and_sample(self, batch: Batch) -> tuple[StepOutput, StepResult]:
-        inputs = [
-            SeqInput(
-                token_ids=s.request.token_slice(s.request.num_computed_tokens, s.request.num_computed_tokens + s.num_new_tokens),
-                kv_start=s.request.num_computed_tokens,
-                page_table=self.pages.table(s.request.request_id),
-                logits="last" if s.samples else "none",
-            )
-            for s in batch.seqs
-        ]
-        out = self.executor.run(ForwardPlan(TARGET, inputs))
-        samples = [s.samples for s in batch.seqs]
-        sampling = [s.request for s in batch.seqs if s.samples]
-        bonus = self._sample_rows(out.logits, samples, sampling)  # [B]
-        offsets = _offsets([s.num_new_tokens for s in batch.seqs])
-        starts = [s.request.num_computed_tokens for s in batch.seqs]
-        result = StepResult(batch.requests, offsets, starts, out.hidden, torch.zeros_like(bonus), bonus, None, speculative=False)
-        self.executor.drive(self.proposer.launch(result))  # before the host reads the step
-        tokens = to_list(bonus) if sampling else [-1] * len(batch)
-        emitted = [[t] if sampled else [] for t, sampled in zip(tokens, samples)]
-        logprobs, tops = self._logprobs(out.logits, [t for e in emitted for t in e], sampling)
-        for s in batch.seqs:
-            s.request.num_computed_tokens += s.num_new_tokens
-        return StepOutput(emitted, split_like(logprobs, emitted), split_like(tops, emitted)), result
-
-    def _sample_rows(self, logits: torch.Tensor, samples: list[bool], requests: list[Request]) -> torch.Tensor:
-        """[B] int64: the sampled token of each sequence that samples (`logits` row by row), -1 elsewhere."""
-        tokens = torch.full((len(samples),), -1, dtype=torch.int64, device=logits.device)
-        if requests:
-            rows = torch.tensor([b for b, sampled in enumerate(samples) if sampled], device=logits.device)
-            tokens.index_copy_(0, rows, self._sample(logits, requests))  # integer rows: no device sync
-        return tokens
-
-    def _sample(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
-        st = self.rows.tensors(requests)
-        generators = [r.noise.generator(r.num_tokens) if r.noise else None for r in requests]  # the sampled token's position
-        return sample_logits(logits, st, generators, self.generator)
-
-    def _verify_and_accept(self, batch: Batch, proposal: DraftProposal) -> tuple[StepOutput, StepResult]:
-        drafts = to_list(proposal.token_ids)
-        inputs = [
-            SeqInput(
-                token_ids=[r.token_at(r.num_tokens - 1)] + drafts[b][: proposal.num_drafts[b]],
-                kv_start=r.num_computed_tokens,
-                page_table=self.pages.table(r.request_id),
-                logits="all",
-            )
-            for b, r in enumerate(batch.requests)
-        ]
-        out = self.executor.run(ForwardPlan(TARGET, inputs))
-        logits = out.logits  # [sum(k_b + 1), V]
-        target_probs = self._padded_target_probs(batch, proposal, logits)
-        result = accept_drafts(
-            proposal.token_ids, torch.tensor(proposal.num_drafts), proposal.draft_probs, target_probs,
-            [r.noise for r in batch.requests], [r.num_tokens for r in batch.requests], self.generator,
-        )
-        offsets = _offsets([k + 1 for k in proposal.num_drafts])
-        bonus = result.token_ids.gather(1, result.num_accepted[:, None])[:, 0]  # [B]
-        starts = [r.num_computed_tokens for r in batch.requests]
-        step = StepResult(batch.requests, offsets, starts, out.hidden, result.num_accepted, bonus, None, speculative=True)
-        self.executor.drive(self.proposer.launch(step))  # before the host reads the step
-        num_emitted, num_accepted = to_list(result.num_emitted), to_list(result.num_accepted)
-        tokens = to_list(result.token_ids)
-        emitted = [tokens[b][: num_emitted[b]] for b in range(len(batch))]
-        for b, r in enumerate(batch.requests):
-            r.num_computed_tokens += 1 + num_accepted[b]
-            if proposal.num_drafts[b]:  # a step with nothing proposed is plain decoding
-                r.spec_stats.record(proposal.num_drafts[b], num_accepted[b])
-                self.stats.spec_stats.record(proposal.num_drafts[b], num_accepted[b])
-        flat = [t for b, e in enumerate(emitted) for t in e]
-        rows = [start + j for start, e in zip(offsets, emitted) for j in range(len(e))]
-        logprobs, tops = self._logprobs(logits[rows], flat, batch.requests)
-        return StepOutput(emitted, split_like(logprobs, emitted), split_like(tops, emitted)), step
-
-    def _verify_tree(self, batch: Batch, proposal: DraftProposal) -> tuple[StepOutput, StepResult]:
-        return verify_tree(self, batch, proposal)
-
-    def _padded_target_probs(self, batch: Batch, proposal: DraftProposal, logits: torch.Tensor) -> torch.Tensor:
-        """[B, k_max + 1, V] processed target distributions at each drafted position and the bonus."""
-        counts = torch.tensor([k + 1 for k in proposal.num_drafts])
-        st = self.rows.tensors(batch.requests).repeat_interleave(counts)
-        probs = processed_probs(logits, st)  # [sum(k_b + 1), V]
-        return pad_ragged(probs, counts, proposal.token_ids.shape[1] + 1)
-
-    def _logprobs(self, logits: torch.Tensor, tokens: list[int], requests: list[Request]) -> tuple[list | None, list | None]:
-        """Each emitted token's logprob and, when asked, the most likely alternatives (id, logprob)."""
-        if not tokens or not any(r.params.logprobs for r in requests):
-            return None, None
-        chosen = to_list(token_logprobs(logits, torch.tensor(tokens)))
-        n = min(max(r.params.top_logprobs for r in requests), logits.shape[-1])
-        if n == 0:
-            return chosen, None
-        values, ids = top_token_logprobs(logits, n)
-        return chosen, [list(zip(i, v)) for i, v in zip(to_list(ids), to_list(values))]
 
     # ---- commit ---------------------------------------------------------------------------
 
@@ -300,23 +253,24 @@ class Engine:
                 self.requests.pop(r.request_id, None)
                 self._retire(r)
                 self.stats.record_finish(r)
-            else:
+            elif not self._reserved(r):
                 self.pages.shrink(r.request_id, r.num_tokens)  # rejected drafts' pages go back
             outputs.append(out)
         return outputs
 
+    def _reserved(self, request: Request) -> bool:
+        """Pages for the prepared next step are held: they cover the most tokens this one emits."""
+        return self._prepared is not None and any(s.request is request for s in self._prepared.seqs)
+
     def _retire(self, request: Request) -> None:
         self.scheduler.remove(request)
-        self.proposer.release(request)
+        self._preempted(request)
         self.rows.release(request.request_id)
 
-
-def _offsets(num_rows: list[int]) -> list[int]:
-    """[B + 1] where each sequence's rows start in a flat forward, and the total."""
-    offsets = [0]
-    for n in num_rows:
-        offsets.append(offsets[-1] + n)
-    return offsets
+    def _preempted(self, request: Request) -> None:
+        """The request left the running set: its proposer state and pool row go."""
+        self.proposer.release(request)
+        self.pool.release(request)
 
 
 def _stop_token_ids(tokenizer, arch) -> frozenset[int]:

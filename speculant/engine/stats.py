@@ -22,6 +22,8 @@ class EngineStats:
     busy_s: float = 0.0  # time spent inside steps
     ttft_s: list[float] = field(default_factory=list)
     chosen_k: Counter = field(default_factory=Counter)  # k -> requests given that k on a decode step
+    strict_decode_steps: int = 0  # decode steps run in strict sync mode
+    strict_decode_reads: int = 0  # host reads those steps made (`speculant.utils.sync`)
 
     @contextmanager
     def timed_step(self, batch: Batch):
@@ -40,6 +42,11 @@ class EngineStats:
     def record_ks(self, ks: list[int]) -> None:
         """Each request's k on a decode step of a speculating engine (0: it decoded plainly)."""
         self.chosen_k.update(ks)
+
+    def record_decode_reads(self, reads: int) -> None:
+        """A decode step in strict sync mode made `reads` host reads."""
+        self.strict_decode_steps += 1
+        self.strict_decode_reads += reads
 
     def record_finish(self, request: Request) -> None:
         self.finished[request.status.value] += 1
@@ -68,6 +75,8 @@ class EngineStats:
             "acceptance_by_position": s.acceptance_by_position,
             "chosen_k_histogram": dict(sorted(self.chosen_k.items())),
             "mean_chosen_k": _mean_k(self.chosen_k),
+            # mean host reads per decode step, counted in strict sync mode only (else None)
+            "host_reads_per_step": self.strict_decode_reads / self.strict_decode_steps if self.strict_decode_steps else None,
         }
 
 

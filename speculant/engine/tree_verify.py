@@ -11,27 +11,28 @@ new length are released at commit like rejected chain drafts.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 
 from speculant.attention.batch import SeqInput
 from speculant.core import Batch, DraftProposal, StepOutput, StepResult
-from speculant.engine.output import split_like
+from speculant.engine.chain_verify import verify_ids
+from speculant.engine.readout import read_step
 from speculant.executor.plan import TARGET, ForwardPlan
 from speculant.sampling.acceptance import pad_ragged
 from speculant.sampling.sampler import processed_probs
 from speculant.sampling.tree_acceptance import TreeAcceptResult, accept_tree, accept_tree_greedy
 from speculant.speculative.tree import depths, verify_mask, verify_positions
-from speculant.utils.sync import to_list
 
 
 def verify_tree(engine, batch: Batch, proposal: DraftProposal) -> tuple[StepOutput, StepResult]:
     """The engine's verify stage for a proposal carrying trees (`proposal.tree`)."""
     requests, parents = batch.requests, proposal.tree.parents
-    drafts = to_list(proposal.token_ids)
     inputs = [
         SeqInput(
-            token_ids=[r.token_at(r.num_tokens - 1)] + drafts[b][: len(parents[b])],
+            token_ids=[0] * (len(parents[b]) + 1),
             kv_start=r.num_computed_tokens,
             page_table=engine.pages.table(r.request_id),
             positions=verify_positions(parents[b], r.num_computed_tokens),
@@ -40,7 +41,7 @@ def verify_tree(engine, batch: Batch, proposal: DraftProposal) -> tuple[StepOutp
         )
         for b, r in enumerate(requests)
     ]
-    out = engine.executor.run(ForwardPlan(TARGET, inputs))
+    out = engine.executor.run(ForwardPlan(TARGET, inputs, input_ids=verify_ids(engine, requests, proposal)))
     counts = [len(p) + 1 for p in parents]
     result = _accept(engine, batch, proposal, out.logits, counts)
     offsets = np.concatenate([[0], np.cumsum(counts)]).tolist()
@@ -49,30 +50,25 @@ def verify_tree(engine, batch: Batch, proposal: DraftProposal) -> tuple[StepOutp
     bonus = result.token_ids.gather(1, result.num_accepted[:, None])[:, 0]
     starts = [r.num_computed_tokens for r in requests]
     step = StepResult(requests, offsets, starts, out.hidden, result.num_accepted, bonus, None, speculative=True, accepted_rows=rows)
+    engine.pool.write(requests, result.token_ids, [r.num_tokens for r in requests])
     engine.executor.drive(engine.proposer.launch(step))  # before the host reads the step
-    num_accepted, tokens, rows_host = to_list(result.num_accepted), to_list(result.token_ids), to_list(rows)
-    emitted = [tokens[b][: num_accepted[b] + 1] for b in range(len(batch))]
-    for b, r in enumerate(requests):
-        r.num_computed_tokens += 1 + num_accepted[b]
-        if parents[b]:  # acceptance by position counts tree levels
-            depth = int(depths(parents[b]).max())
-            r.spec_stats.record(depth, num_accepted[b])
-            engine.stats.spec_stats.record(depth, num_accepted[b])
-    flat = [t for e in emitted for t in e]
-    logit_rows = [rows_host[b][j] for b, e in enumerate(emitted) for j in range(len(e))]
-    logprobs, tops = engine._logprobs(out.logits[logit_rows], flat, requests)
-    return StepOutput(emitted, split_like(logprobs, emitted), split_like(tops, emitted)), step
+    with engine.timeline.span("read"):
+        step_out, num_emitted, (paths,) = read_step(result.token_ids, result.num_accepted + 1, out.logits, rows, requests, [result.path])
+    step_out.proposed = [int(depths(p).max()) if p else 0 for p in parents]  # acceptance by position counts tree levels
+    accepted = [n - 1 for n in num_emitted]
+    paths = [path[:a] for path, a in zip(paths, accepted)]
+    return step_out, dataclasses.replace(step, accepted_counts=accepted, accepted_paths=paths)
 
 
 def _accept(engine, batch: Batch, proposal: DraftProposal, logits: torch.Tensor, counts: list[int]) -> TreeAcceptResult:
     """Greedy batches compare argmaxes; others walk the trees with the processed target laws."""
     requests, width = batch.requests, proposal.token_ids.shape[1] + 1
     st = engine.rows.tensors(requests)
-    count_tensor = torch.tensor(counts)
+    count_tensor = torch.tensor(counts, device=logits.device)
     if st.all_greedy:
         argmax = pad_ragged(logits.argmax(-1)[:, None], count_tensor, width)[..., 0]  # [B, n + 1]
         return accept_tree_greedy(proposal.token_ids, proposal.tree.parents, argmax)
-    probs = pad_ragged(processed_probs(logits, st.repeat_interleave(count_tensor)), count_tensor, width)
+    probs = pad_ragged(processed_probs(logits, st.repeat_interleave(counts)), count_tensor, width)
     noise, positions = [r.noise for r in requests], [r.num_tokens for r in requests]
     return accept_tree(proposal.token_ids, proposal.tree.parents, proposal.draft_probs, probs, noise, positions, engine.generator)
 

@@ -10,6 +10,7 @@ ahead of the host.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 from speculant.attention.batch import ForwardBatch, build_forward_batch
@@ -29,6 +30,7 @@ class Executor:
         self._runners: dict[str, ModelRunner] = {TARGET: target}
         self._target_sha256 = target_sha256  # the target checkpoint's sha256, for heads trained on it
         self.page_size: int | None = None  # set by allocate_kv
+        self.timeline = None  # the engine's `Timeline`: each forward is a span of it
 
     # ---- models -----------------------------------------------------------------------------
 
@@ -114,8 +116,13 @@ class Executor:
     def run(self, plan: ForwardPlan) -> ForwardResult:
         """One forward of `plan.model` over `plan.inputs`."""
         assert self.page_size is not None, "allocate_kv first"
-        fb = build_forward_batch(plan.inputs, self.page_size)
-        return self.forward_batch(plan.model, fb, plan.input_ids, plan.input_embeds, plan.hidden_states)
+        with self.span(plan.model):
+            fb = build_forward_batch(plan.inputs, self.page_size)
+            return self.forward_batch(plan.model, fb, plan.input_ids, plan.input_embeds, plan.hidden_states)
+
+    def span(self, model: str):
+        """The timeline span of one forward of `model` (nothing without a timeline)."""
+        return self.timeline.span(f"forward:{model}") if self.timeline is not None else contextlib.nullcontext()
 
     def forward_batch(self, model: str, fb: ForwardBatch, input_ids=None, input_embeds=None, hidden_states=None) -> ForwardResult:
         """One forward of `model` over a built batch (`ForwardPlan`'s tensors, same shapes)."""

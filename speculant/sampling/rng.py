@@ -55,16 +55,18 @@ class PositionNoise:
 
     seed: int
 
-    def generator(self, position: int) -> torch.Generator:
-        """A fresh CPU generator for the token at `position` (the same every time it is asked)."""
+    def generator(self, position: int, device: torch.device | str = "cpu") -> torch.Generator:
+        """A fresh generator on `device` for the token at `position` (the same every time it is
+        asked). Seeding one is host bookkeeping, so an accelerator draws its noise where it is
+        used: no host-to-device copy, no sync. Each device type has its own stream of draws."""
         key = hashlib.blake2b(f"{self.seed}:{position}".encode(), digest_size=8).digest()
-        return torch.Generator().manual_seed(int.from_bytes(key, "little"))
+        return torch.Generator(device=device).manual_seed(int.from_bytes(key, "little"))
 
     def exponentials(self, positions: Sequence[int], width: int, device: torch.device | str) -> torch.Tensor:
-        """[len(positions), width] Exp(1) noise, strictly positive: row i is what a sampler given
-        `generator(positions[i])` draws (`sample_from_weights`)."""
-        rows = [_exponential(torch.empty(width), self.generator(p)) for p in positions]
-        return torch.stack(rows).clamp_(min=_MIN_EXPONENTIAL).to(device, non_blocking=True)
+        """[len(positions), width] Exp(1) noise on `device`, strictly positive: row i is what a
+        sampler given `generator(positions[i], device)` draws (`sample_from_weights`)."""
+        rows = [_exponential(torch.empty(width, device=device), self.generator(p, device)) for p in positions]
+        return torch.stack(rows).clamp_(min=_MIN_EXPONENTIAL)
 
 
 def sample_from_weights(

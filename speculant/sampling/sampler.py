@@ -65,14 +65,20 @@ class SamplingTensors:
         )
 
     def repeat_interleave(self, counts: torch.Tensor | Sequence[int]) -> SamplingTensors:
-        """Row b repeated counts[b] times, e.g. once per verified position (k_b + 1)."""
-        counts = torch.as_tensor(counts, dtype=torch.int64, device=self.temperature.device)
+        """Row b repeated counts[b] times, e.g. once per verified position (k_b + 1). Host counts
+        give the output size up front: device counts would make the device report it (a sync)."""
+        total = None if isinstance(counts, torch.Tensor) else sum(counts)
+        counts = torch.as_tensor(counts, dtype=torch.int64).to(self.temperature.device, non_blocking=True)
+
+        def repeat(t: torch.Tensor) -> torch.Tensor:
+            return t.repeat_interleave(counts, output_size=total)
+
         return SamplingTensors(
-            temperature=self.temperature.repeat_interleave(counts),
-            top_k=self.top_k.repeat_interleave(counts),
-            top_p=self.top_p.repeat_interleave(counts),
-            min_p=self.min_p.repeat_interleave(counts),
-            greedy=self.greedy.repeat_interleave(counts),
+            temperature=repeat(self.temperature),
+            top_k=repeat(self.top_k),
+            top_p=repeat(self.top_p),
+            min_p=repeat(self.min_p),
+            greedy=repeat(self.greedy),
             needs_sort=self.needs_sort,
             needs_min_p=self.needs_min_p,
             any_greedy=self.any_greedy,

@@ -132,7 +132,8 @@ def _walk(tokens, parents, q, target_probs, generator, default_generator) -> tup
             token = tokens_host[c]
             q_c = None if q is None else q[c].float()
             q_token = 1.0 if q_c is None else float(q_c[token])
-            u = torch.rand(1, generator=generator if generator is not None else default_generator).item()
+            g = generator if generator is not None else default_generator
+            u = torch.rand(1, generator=g, device=g.device if g is not None else None).item()
             if q_token > 0 and u * q_token < float(p[token]):
                 node = c
                 path.append(c)

@@ -12,7 +12,7 @@ removal and finding the youngest request cost O(1) per request rather than a sca
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from speculant.config import SchedulerConfig
 from speculant.core import Batch, Request, RequestStatus, ScheduledSeq
@@ -68,6 +68,30 @@ class Scheduler:
         self._admit(scheduled, budget)
         return Batch(scheduled)
 
+    def schedule_ahead(self, in_flight: Mapping[Request, tuple[int, int]]) -> Batch | None:
+        """The next step's batch, planned while the current one runs. `in_flight` maps each
+        request of the running step to (its new tokens, the most tokens the step may append).
+        A request that samples this step will decode next: its pages cover the most tokens it
+        may get plus its lookahead, reserved before acceptance is known. Never preempts (the
+        running step may be using any page): None when pages run short, and the caller
+        schedules after the step instead. Finished requests are dropped by the caller."""
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[ScheduledSeq] = []
+        for request in sorted(self.running, key=lambda r: _prefilling(*_ahead(r, in_flight.get(r)))):  # decodes first
+            computed, tokens = _ahead(request, in_flight.get(request))
+            remaining = tokens - computed
+            num_new = remaining if remaining == 1 else min(remaining, budget)
+            if num_new == 0 or num_new > budget:
+                continue
+            end = computed + num_new
+            slots = end + self.lookahead(request) if end == tokens else end
+            if not self.pages.ensure(request.request_id, slots):
+                return None
+            scheduled.append(ScheduledSeq(request, num_new))
+            budget -= num_new
+        self._admit(scheduled, budget)
+        return Batch(scheduled)
+
     def _num_new_tokens(self, request: Request, budget: int) -> int:
         remaining = request.num_tokens - request.num_computed_tokens
         if not request.is_prefill:
@@ -116,3 +140,19 @@ class Scheduler:
         self.running[request] = None
         if youngest is not None and request.arrival_time < youngest.arrival_time:
             self.running = dict.fromkeys(sorted(self.running, key=lambda r: r.arrival_time))
+
+
+def _ahead(request: Request, flight: tuple[int, int] | None) -> tuple[int, int]:
+    """(KV length, most tokens) of `request` after the running step; `flight` is its (new
+    tokens, most appended) in that step, None when it is not in it."""
+    if flight is None:
+        return request.num_computed_tokens, request.num_tokens
+    num_new, appended = flight
+    if appended:  # it samples: the KV will hold all but the last of up to tokens + appended
+        return request.num_tokens + appended - 1, request.num_tokens + appended
+    return request.num_computed_tokens + num_new, request.num_tokens
+
+
+def _prefilling(computed: int, tokens: int) -> bool:
+    """`Request.is_prefill` for a KV length and token count."""
+    return computed == 0 or computed < tokens - 1

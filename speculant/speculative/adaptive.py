@@ -15,7 +15,6 @@ from speculant.core import Request, StepResult
 from speculant.speculative.acceptance_tracker import AcceptanceTracker
 from speculant.speculative.cost_model import MovingAverage, StepCostModel
 from speculant.speculative.k_chooser import choose_k
-from speculant.utils.sync import to_list
 
 
 class AdaptiveK:
@@ -51,7 +50,7 @@ class AdaptiveK:
             return
         offsets = result.row_offsets
         ks = [offsets[b + 1] - offsets[b] - 1 for b in range(len(result.requests))]
-        accepted = to_list(result.num_accepted) if result.speculative else [0] * len(ks)
+        accepted = result.accepted_counts if result.speculative else [0] * len(ks)
         for r, k, a in zip(result.requests, ks, accepted):
             if r.finished:
                 continue

@@ -180,14 +180,15 @@ def choose_drafts(
         return logits.argmax(dim=-1), None
     st = SamplingTensors.from_params([r.params for r in requests], logits.device)
     q = processed_probs(logits, st)
-    generators = [r.noise.generator(r.num_tokens + offset) if r.noise else None for r in requests]
+    generators = [r.noise.generator(r.num_tokens + offset, logits.device) if r.noise else None for r in requests]
     return sample(q, generators, default_generator), q
 
 
-def pad_proposals(drafts: list[list[int]]) -> DraftProposal:
-    """A one-hot DraftProposal from per-sequence token lists."""
+def pad_proposals(drafts: list[list[int]], device: torch.device | str = "cpu") -> DraftProposal:
+    """A one-hot DraftProposal on `device` from per-sequence token lists (one host-to-device copy)."""
     k_max = max((len(d) for d in drafts), default=0)
     tokens = np.full((len(drafts), k_max), -1, dtype=np.int64)
     for b, d in enumerate(drafts):
         tokens[b, : len(d)] = d
-    return DraftProposal(token_ids=torch.from_numpy(tokens), num_drafts=[len(d) for d in drafts])
+    token_ids = torch.from_numpy(tokens).to(device, non_blocking=True)
+    return DraftProposal(token_ids=token_ids, num_drafts=[len(d) for d in drafts])

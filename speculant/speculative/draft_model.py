@@ -20,7 +20,6 @@ from speculant.attention.batch import SeqInput
 from speculant.core import Batch, DraftProposal, Request, StepResult
 from speculant.executor.plan import ForwardPlan, Forwards, ModelSpec
 from speculant.speculative.base import Proposer, ProposerContext, choose_drafts
-from speculant.utils.sync import to_list
 
 DRAFT = "draft"  # the draft model's name in the executor
 
@@ -72,41 +71,47 @@ class DraftModelProposer(Proposer):
         if feeds:
             yield from self._feed(feeds)
 
-    def _feed(self, feeds: list[tuple[Request, list[int], int]]) -> Forwards[torch.Tensor]:
+    def _feed(self, feeds: list[tuple[Request, list[int], int]], input_ids: torch.Tensor | None = None) -> Forwards[torch.Tensor]:
         """One draft forward over each (request, new tokens, KV start); the logits [len(feeds), V]
-        of each sequence's last token are carried."""
+        of each sequence's last token are carried. `input_ids` [T]: device tokens read instead of
+        the feeds' (whose lengths still lay out the batch)."""
         inputs = [SeqInput(tokens, start, self.pages.table(r.request_id)) for r, tokens, start in feeds]
-        logits = (yield ForwardPlan(DRAFT, inputs)).logits
+        logits = (yield ForwardPlan(DRAFT, inputs, input_ids=input_ids)).logits
         for b, (r, tokens, start) in enumerate(feeds):
             self.computed[r.request_id] = start + len(tokens)
             self.carried[r.request_id] = logits[b].clone()  # a view would keep all feed rows alive
         return logits
 
     def propose(self, batch: Batch) -> Forwards[DraftProposal]:
+        """k drafts per sequence, all on the device: each draft is fed back as a device token, so
+        drafting reads nothing on the host."""
         start = time.perf_counter()
-        requests = batch.requests
+        requests, device = batch.requests, self.ctx.device
         ks = [self.step_k(r) for r in requests]
         k_max = max(ks)
-        tokens = torch.full((len(requests), k_max), -1, dtype=torch.int64)
+        tokens = torch.full((len(requests), k_max), -1, dtype=torch.int64, device=device)
         probs = None
         if self.ctx.speculative.draft.sampling == "sample":
-            probs = torch.zeros(len(requests), k_max, self.ctx.target_arch.vocab_size)
+            probs = torch.zeros(len(requests), k_max, self.ctx.target_arch.vocab_size, device=device)
         logits = torch.stack([self.carried[r.request_id] for r in requests]).float()  # [B, V]
         for j in range(k_max):
             rows = [b for b, k in enumerate(ks) if k > j]
-            drafted = self._choose(logits[rows], [requests[b] for b in rows], probs, rows, j)
-            tokens[rows, j] = drafted
-            feed = [(b, t) for b, t in zip(rows, to_list(drafted)) if ks[b] > j + 1]  # last draft is not fed
+            index = torch.tensor(rows, device=device)
+            drafted = self._choose(logits.index_select(0, index), [requests[b] for b in rows], probs, index, j)
+            tokens[:, j].index_copy_(0, index, drafted)
+            feed = [i for i, b in enumerate(rows) if ks[b] > j + 1]  # the last draft is not fed
             if feed:
-                logits[[b for b, _ in feed]] = yield from self._feed(
-                    [(requests[b], [t], self.computed[requests[b].request_id]) for b, t in feed]
-                )
+                fed = [rows[i] for i in feed]
+                feeds = [(requests[b], [0], self.computed[requests[b].request_id]) for b in fed]
+                fed_ids = drafted.index_select(0, torch.tensor(feed, device=device))
+                out = yield from self._feed(feeds, fed_ids)
+                logits.index_copy_(0, torch.tensor(fed, device=device), out.float())
         if self.adaptive is not None:
             self.adaptive.record_draft_time(time.perf_counter() - start, self.draft_forwards(ks))
         return DraftProposal(token_ids=tokens, num_drafts=ks, draft_probs=probs)
 
-    def _choose(self, logits: torch.Tensor, requests: list[Request], probs, rows: list[int], j: int) -> torch.Tensor:
+    def _choose(self, logits: torch.Tensor, requests: list[Request], probs, rows: torch.Tensor, j: int) -> torch.Tensor:
         tokens, q = choose_drafts(logits, requests, probs is not None, self.ctx.generator, offset=j)
         if q is not None:
-            probs[rows, j] = q
+            probs[:, j].index_copy_(0, rows, q)
         return tokens

@@ -35,7 +35,6 @@ from speculant.speculative import tree
 from speculant.speculative.base import ProposerContext
 from speculant.speculative.mtp import HEAD, MtpProposer
 from speculant.speculative.tree_budget import TreeBudget, measure_points
-from speculant.utils.sync import to_list
 
 CALIBRATION_ID = "<tree budget calibration>"  # the page-table id of the start-up measurement
 CALIBRATION_CONTEXT = 1024  # tokens of context the verify cost is measured over
@@ -127,11 +126,9 @@ class EagleProposer(MtpProposer):
 
     def update(self, result: StepResult) -> Forwards[None]:
         """With auto_budget: each verified tree's size and accepted path count for every budget."""
-        if self.chooser is not None and result.accepted_rows is not None:
-            rows, accepted = to_list(result.accepted_rows), to_list(result.num_accepted)
-            for b, size in enumerate(self._sizes):
+        if self.chooser is not None and result.accepted_paths is not None:  # read with the step's tokens
+            for size, path in zip(self._sizes, result.accepted_paths):
                 if size:
-                    path = [row - result.row_offsets[b] - 1 for row in rows[b][1 : accepted[b] + 1]]
                     self.chooser.record_tree(size, path)
         yield from ()
 

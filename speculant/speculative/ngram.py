@@ -73,7 +73,7 @@ class NgramProposer(Proposer):
     def propose(self, batch: Batch) -> Forwards[DraftProposal]:
         drafts = [self._draft(r, self.step_k(r)) for r in batch.requests]
         yield from ()  # a lookup, no model forward
-        return pad_proposals(drafts)
+        return pad_proposals(drafts, self.ctx.device)
 
     def _draft(self, request: Request, k: int) -> list[int]:
         """The longer match of the request's own tokens and its scope's stored outputs (own on a tie)."""

@@ -8,8 +8,10 @@ so on a GPU; so the budget comes from two measurements instead of a constant:
 - acceptance by budget: trees list their nodes in rank order (parents first), so the tree of
   budget b is the first b nodes of a bigger one, and the path it would have accepted is the
   accepted path's nodes of index < b. Every verified tree thus counts for every budget up to
-  its size. Until `WARMUP` trees are seen, and then one step in `EXPLORE`, the largest budget is
-  verified so that every budget keeps being measured.
+  its size. Until `WARMUP` trees are seen the largest budget is verified, so every budget is
+  measured; then one step in `EXPLORE` verifies twice the chosen budget (the largest at most), so
+  the budgets just above the choice stay measured at little cost and a better larger one is found
+  by climbing.
 
 expected tokens/s (b) = (1 + mean accepted at b) / (verify seconds (b + 1) + draft seconds (b))
 
@@ -27,7 +29,7 @@ import numpy as np
 from speculant.speculative.cost_model import MovingAverage
 
 WARMUP = 16  # trees verified at the largest budget before choosing
-EXPLORE = 8  # then every EXPLORE-th step verifies the largest budget again
+EXPLORE = 8  # then every EXPLORE-th step verifies twice the chosen budget
 
 
 def measure_points(max_budget: int) -> list[int]:
@@ -81,8 +83,10 @@ class TreeBudget:
     def choose(self) -> int:
         """The budget of the next step."""
         self.steps += 1
-        if self.trees[self.max_budget] < WARMUP or self.steps % EXPLORE == 0:
+        if self.trees[self.max_budget] < WARMUP:
             return self.max_budget
+        if self.steps % EXPLORE == 0:
+            return min(self.max_budget, 2 * self.chosen)
         measured = [b for b in range(1, self.max_budget + 1) if self.trees[b] > 0]
         self.chosen = max(measured, key=self.expected_rate)
         return self.chosen

@@ -84,6 +84,14 @@ def test_one_broadcast_per_forward(target, monkeypatch):
         assert len(sent) == 3
 
 
+@pytest.mark.parametrize("speculative", ["none", "draft"])
+def test_overlapped_steps_equal_one_rank(target, plain_outputs, speculative):
+    """With step overlap the forwards run on the engine's step thread: still one at a time."""
+    draft = noisy_copy(target) if speculative == "draft" else None
+    with two_ranks(target, draft, overlap=True, **({"num_draft_tokens": 3} if draft is not None else {})) as llm:
+        assert generate(llm) == plain_outputs
+
+
 def test_ngram_greedy_equals_one_rank(target, plain_outputs):
     with two_ranks(target, speculative="ngram", num_draft_tokens=3) as llm:
         assert generate(llm) == plain_outputs

@@ -68,9 +68,10 @@ class StepLog:
         return order
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["serial", "overlap"])
 @pytest.mark.parametrize("kind", ["greedy", "seeded"])
-def test_preemption_by_recompute_matches_running_alone(kind: str) -> None:
-    llm = tiny_llm(_hf(), num_pages=NUM_PAGES, max_num_batched_tokens=32)
+def test_preemption_by_recompute_matches_running_alone(kind: str, overlap: bool) -> None:
+    llm = tiny_llm(_hf(), num_pages=NUM_PAGES, max_num_batched_tokens=32, overlap=overlap)
     engine = llm.engine
     log = StepLog(engine)
     prompts = _prompts()

@@ -109,14 +109,14 @@ SCRIPT = ["Hi", "Ã", "¤", "Ġthere", "Ã", "©"]
 @pytest.fixture
 def scripted(tiny_checkpoint, smol_tokenizer, monkeypatch):
     """A server whose sampler emits SCRIPT, token by token."""
-    import speculant.engine.engine as engine_module
+    import speculant.engine.sample_step as sample_step_module
 
     ids = iter(smol_tokenizer.convert_tokens_to_ids(SCRIPT))
 
     def scripted_sample(logits, *args, **kwargs):
         return torch.tensor([next(ids) for _ in range(logits.shape[0])])
 
-    monkeypatch.setattr(engine_module, "sample_logits", scripted_sample)
+    monkeypatch.setattr(sample_step_module, "sample_logits", scripted_sample)
     with serve(tiny_checkpoint, engine_config()) as running, httpx.Client(base_url=running.url, timeout=60) as client:
         yield client
 

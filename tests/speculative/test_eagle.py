@@ -136,3 +136,26 @@ def test_a_small_dynamic_budget_grows_no_deeper_than_it_keeps(target, head, plai
     proposer.propose, proposer._entries = recording, counting
     assert [o.token_ids for o in llm.generate(PROMPTS[:3], GREEDY)] == plain_outputs[:3]
     assert levels and max(levels) == budget - 1
+
+
+@pytest.mark.parametrize("auto_budget", [False, True], ids=["fixed", "auto-budget"])
+def test_one_host_read_per_decode_step_strict(target, head, auto_budget):
+    """A greedy static-tree decode step in strict sync mode under the device-mixing check: one
+    host read, the accepted paths (for the tree budget) read with the tokens. (Dynamic trees
+    read each level's frontier to build its mask, and sampled trees walk their nodes on the
+    host, `sampling.tree_acceptance.accept_tree`.)"""
+    from speculant.utils import sync
+    from speculant.utils.device_check import device_check
+
+    llm = eagle_llm(target, head, tree_auto_budget=auto_budget, **TREES["static"])
+    params = [GREEDY, SamplingParams(max_tokens=24, temperature=0, logprobs=True, top_logprobs=2), GREEDY]
+    for prompt, p in zip(PROMPTS[:3], params):
+        llm.engine.add_request(prompt, p)
+    while not all(r.output_token_ids for r in llm.engine.requests.values()):
+        llm.engine.step()
+    drafted = llm.engine.stats.spec_stats.draft_steps
+    with sync.strict_sync(), device_check():
+        before = sync.host_reads()
+        llm.engine.step()
+        assert sync.host_reads() - before == 1
+    assert llm.engine.stats.spec_stats.draft_steps > drafted

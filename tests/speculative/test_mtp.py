@@ -105,7 +105,7 @@ def test_no_host_read_between_verify_and_the_head_run(target, head, monkeypatch)
         total = sync.host_reads() - before
     assert engine.stats.spec_stats.draft_steps == 1
     assert marks["at_launch"] == marks["after_target"]
-    assert total == 4  # the drafts (to plan the verify), then accepted/emitted counts and tokens
+    assert total == 1  # the step's one read: emitted tokens and counts, after the head was launched
 
 
 def test_a_head_for_another_target_is_refused(target, head):
@@ -144,3 +144,24 @@ def test_no_sync_from_verify_to_head_launch_on_cuda(target, head, monkeypatch):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert windows and engine.stats.spec_stats.draft_steps >= 1
+
+
+@pytest.mark.parametrize("sampling", ["greedy", "sample"])
+def test_one_host_read_per_decode_step_strict(target, head, sampling):
+    """A decode step in strict sync mode (any other read raises) under the device-mixing check:
+    one host read, for greedy and sampled heads, mixed parameters at batch 3."""
+    from speculant.utils.device_check import device_check
+
+    llm = mtp_llm(target, head, num_draft_tokens=3, head_sampling=sampling)
+    params = [GREEDY, SamplingParams(max_tokens=24, temperature=0.8, seed=3, logprobs=True, top_logprobs=2), SamplingParams(max_tokens=24, temperature=0.7)]
+    for prompt, p in zip(PROMPTS[:3], params):
+        llm.engine.add_request(prompt, p)
+    while not all(r.output_token_ids for r in llm.engine.requests.values()):
+        llm.engine.step()
+    drafted = llm.engine.stats.spec_stats.draft_steps
+    with sync.strict_sync(), device_check():
+        before = sync.host_reads()
+        llm.engine.step()
+        assert sync.host_reads() - before == 1
+    assert llm.engine.stats.spec_stats.draft_steps > drafted
+    assert llm.stats()["host_reads_per_step"] == 1.0

@@ -19,7 +19,7 @@ from test_spec_sampling import (
 )
 from testkit import chi_square_pvalue, fit_head, tiny_hf_model, tiny_llm
 
-import speculant.engine.engine as engine_module
+import speculant.engine.chain_verify as verify_module
 from speculant import SamplingParams
 
 PARAMS = SamplingParams(max_tokens=NUM_DRAFTS + 2, temperature=0.8, top_k=12, ignore_eos=True)
@@ -53,6 +53,6 @@ def test_mtp_sampling_matches_target(mtp_models):
 
 
 def test_mtp_broken_acceptance_rule_is_detected(mtp_models, monkeypatch):
-    monkeypatch.setattr(engine_module, "accept_drafts", _always_accept)
+    monkeypatch.setattr(verify_module, "accept_drafts", _always_accept)
     out = mtp_p_values(mtp_models)
     assert min(out["x1x2"], out["x2x3"]) < 1e-9, out

@@ -22,6 +22,7 @@ import pytest
 import torch
 from testkit import chi_square_pvalue, tiny_hf_model, tiny_llm
 
+import speculant.engine.chain_verify as verify_module
 import speculant.engine.engine as engine_module
 from speculant import SamplingParams
 from speculant.sampling.acceptance import AcceptResult, accept_drafts
@@ -243,12 +244,12 @@ def _bonus_from_last_draft_position(draft_token_ids, num_draft, draft_probs, tar
 
 
 def test_broken_acceptance_rule_is_detected(models, monkeypatch):
-    monkeypatch.setattr(engine_module, "accept_drafts", _always_accept)
+    monkeypatch.setattr(verify_module, "accept_drafts", _always_accept)
     out = p_values(*_case(models, "t1-sampled-draft"))
     assert min(out["x1x2"], out["x2x3"]) < 1e-9 and out["first_acceptance_z"] > 10, out
 
 
 def test_broken_bonus_is_detected(models, monkeypatch):
-    monkeypatch.setattr(engine_module, "accept_drafts", _bonus_from_last_draft_position)
+    monkeypatch.setattr(verify_module, "accept_drafts", _bonus_from_last_draft_position)
     out = p_values(*_case(models, "t1-sampled-draft"))
     assert out["bonus"] < 1e-9 and abs(out["first_acceptance_z"]) < MAX_Z, out
