@@ -92,7 +92,7 @@ def _run_turn(llm: LLM, live: list[ItemRun], turn: int, params: SamplingParams) 
     """One turn of every live item, submitted together, stepped until all finish."""
     engine = llm.engine
     t0 = time.perf_counter()
-    pending = {engine.add_request(_turn_prompt(llm, r.item, r.token_ids, turn), params).request_id: r for r in live}
+    pending = {engine.add_request(_turn_prompt(llm, r.item, r.token_ids, turn), params, user=llm.user).request_id: r for r in live}
     last: dict[str, float] = {}  # request id -> time of its latest tokens
     while pending:
         outs = engine.step()

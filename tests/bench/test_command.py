@@ -126,11 +126,12 @@ def test_max_turns_keeps_first_turns(tmp_path, tiny_checkpoint):
 def test_repeat_runs_every_item_again_after_all_of_them(tmp_path, tiny_checkpoint):
     """Repeated requests: the store of finished outputs lets n-gram lookup draft the repeats."""
     dataset, _ = _plain(tmp_path)
-    opts = BenchOptions(methods=("none", "ngram"), dataset=str(dataset), num_prompts=None, repeat=3, max_tokens=8,
-                        batch_sizes=(1,), progress=False)
+    opts = BenchOptions(methods=("none", "ngram", "ngram:ngram_store_tokens=0"), dataset=str(dataset), num_prompts=None,
+                        repeat=3, max_tokens=8, batch_sizes=(1,), progress=False)
     result = run_bench(build_engine_config(BASE), opts, checkpoint=tiny_checkpoint)
     rows = {r["method"]: r for r in result["rows"] if r["category"] == "all"}
     assert rows["none"]["requests"] == rows["ngram"]["requests"] == 6 and result["setup"]["repeat"] == 3
     assert rows["ngram"]["same_tokens"]
+    assert rows["ngram"]["tau"] > rows["ngram:ngram_store_tokens=0"]["tau"]  # the bench's requests share a user
     with pytest.raises(ValueError, match="--repeat"):
         run_bench(build_engine_config(BASE), BenchOptions(dataset=str(dataset), repeat=0), checkpoint=tiny_checkpoint)
