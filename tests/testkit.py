@@ -248,3 +248,29 @@ def greedy_params(max_tokens: int = 24):
 
 # prompts of several lengths, repeats included, for greedy-equality tests of speculation
 MIXED_PROMPTS = [[5, 6, 7, 8, 9], list(range(10, 40)), [3], list(range(50, 61)), [9, 9, 9, 9], list(range(100, 117)), [7, 1], list(range(60, 68))]
+
+
+CHAIN_METHODS = {  # engine options of every chain method, for per-method decode-step checks
+    "plain": {},
+    "ngram": {"speculative": "ngram"},
+    "draft-greedy": {"speculative": "draft", "num_draft_tokens": 3},
+    "draft-sampled": {"speculative": "draft", "num_draft_tokens": 3, "draft_sampling": "sample"},
+}
+
+
+def strict_decode_step(llm, prompts: list[list[int]], params: list) -> tuple[int, int]:
+    """Submit the requests, step until each has a token, then take one decode step in strict sync
+    mode under the device-mixing check: (host reads of that step, draft steps it added)."""
+    from speculant.utils import sync
+    from speculant.utils.device_check import device_check
+
+    for prompt, p in zip(prompts, params):
+        llm.engine.add_request(prompt, p)
+    while not all(r.output_token_ids for r in llm.engine.requests.values()):
+        llm.engine.step()
+    drafted = llm.engine.stats.spec_stats.draft_steps
+    with sync.strict_sync(), device_check():
+        before = sync.host_reads()
+        llm.engine.step()
+        reads = sync.host_reads() - before
+    return reads, llm.engine.stats.spec_stats.draft_steps - drafted

@@ -11,12 +11,13 @@ the measurement and use "mm" (a few microseconds either way).
 from __future__ import annotations
 
 import functools
-import json
 import os
 import platform
 import time
 
 import torch
+
+from speculant.utils.json_cache import read_json, write_json
 
 BUCKETS = {"1": (1,), "2-16": (2, 5, 16), "17-64": (32,), "prefill": (256,)}  # bucket -> rows timed
 _MIN_TUNED_BYTES = 1 << 20
@@ -164,19 +165,9 @@ def _cache_path():
 
 def _load_cache() -> dict[str, dict[str, str]]:
     if not _memo:
-        try:
-            _memo.update(json.loads(_cache_path().read_text()))
-        except (OSError, ValueError):
-            pass
+        _memo.update(read_json(_cache_path()))
     return _memo
 
 
 def _save_cache(cache: dict[str, dict[str, str]]) -> None:
-    path = _cache_path()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
-        tmp.replace(path)
-    except OSError:
-        pass  # a read-only cache only costs a re-measurement next start
+    write_json(_cache_path(), cache)

@@ -10,7 +10,6 @@ version, device, dtype, weights and the target's shape, so only the first start 
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Sequence
@@ -22,6 +21,7 @@ from speculant.config import ArchConfig, ModelConfig
 from speculant.executor.plan import TARGET, ForwardPlan, Forwards
 from speculant.kv_cache.allocator import PageTables
 from speculant.layers.autotune import cpu_name
+from speculant.utils.json_cache import read_json, write_json
 
 SHORT_CONTEXT, LONG_CONTEXT = 64, 512  # tokens of context per sequence
 BATCH = 8  # sequences of the batched points
@@ -76,16 +76,7 @@ def load_cached(key: str) -> list[Sample] | None:
 
 
 def save_cached(key: str, samples: Sequence[Sample]) -> None:
-    cache = _read()
-    cache[key] = [list(s) for s in samples]
-    path = _path()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
-        tmp.replace(path)
-    except OSError:
-        pass  # a read-only cache only costs the next start a calibration
+    write_json(_path(), _read() | {key: [list(s) for s in samples]})
 
 
 def _path():
@@ -95,7 +86,4 @@ def _path():
 
 
 def _read() -> dict:
-    try:
-        return json.loads(_path().read_text())
-    except (OSError, ValueError):
-        return {}
+    return read_json(_path())

@@ -5,19 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from testkit import MIXED_PROMPTS, noisy_copy, tiny_hf_model, tiny_llm
+from testkit import CHAIN_METHODS, MIXED_PROMPTS, noisy_copy, tiny_hf_model, tiny_llm
 
 from speculant import SamplingParams
 from speculant.utils import sync
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
-METHODS = {
-    "plain": {},
-    "ngram": {"speculative": "ngram"},
-    "draft-greedy": {"speculative": "draft", "num_draft_tokens": 3},
-    "draft-sampled": {"speculative": "draft", "num_draft_tokens": 3, "draft_sampling": "sample"},
-}
+METHODS = CHAIN_METHODS
 PARAMS = [
     SamplingParams(max_tokens=12, temperature=0),
     SamplingParams(max_tokens=12, temperature=0.8, seed=5, logprobs=True, top_logprobs=2),

@@ -5,19 +5,14 @@ proposer that hands the engine host-made drafts."""
 from __future__ import annotations
 
 import pytest
-from testkit import noisy_copy, tiny_hf_model, tiny_llm
+from testkit import CHAIN_METHODS, noisy_copy, tiny_hf_model, tiny_llm
 
 from speculant import SamplingParams
 from speculant.speculative import ngram
 from speculant.speculative.base import pad_proposals
 from speculant.utils.device_check import DeviceMixError, device_check
 
-METHODS = {
-    "plain": {},
-    "ngram": {"speculative": "ngram"},
-    "draft-greedy": {"speculative": "draft", "num_draft_tokens": 3},
-    "draft-sampled": {"speculative": "draft", "num_draft_tokens": 3, "draft_sampling": "sample"},
-}
+METHODS = CHAIN_METHODS
 PARAMS = [
     SamplingParams(max_tokens=8, temperature=0),
     SamplingParams(max_tokens=8, temperature=0.8, seed=7, logprobs=True, top_logprobs=3),

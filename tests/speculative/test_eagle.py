@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from testkit import MIXED_PROMPTS, fit_head, greedy_params, tiny_hf_model, tiny_llm
+from testkit import (
+    MIXED_PROMPTS,
+    fit_head,
+    greedy_params,
+    strict_decode_step,
+    tiny_hf_model,
+    tiny_llm,
+)
 
 from speculant import SamplingParams
 from speculant.executor.plan import TARGET
@@ -144,18 +151,8 @@ def test_one_host_read_per_decode_step_strict(target, head, auto_budget):
     host read, the accepted paths (for the tree budget) read with the tokens. (Dynamic trees
     read each level's frontier to build its mask, and sampled trees walk their nodes on the
     host, `sampling.tree_acceptance.accept_tree`.)"""
-    from speculant.utils import sync
-    from speculant.utils.device_check import device_check
-
     llm = eagle_llm(target, head, tree_auto_budget=auto_budget, **TREES["static"])
     params = [GREEDY, SamplingParams(max_tokens=24, temperature=0, logprobs=True, top_logprobs=2), GREEDY]
-    for prompt, p in zip(PROMPTS[:3], params):
-        llm.engine.add_request(prompt, p)
-    while not all(r.output_token_ids for r in llm.engine.requests.values()):
-        llm.engine.step()
-    drafted = llm.engine.stats.spec_stats.draft_steps
-    with sync.strict_sync(), device_check():
-        before = sync.host_reads()
-        llm.engine.step()
-        assert sync.host_reads() - before == 1
-    assert llm.engine.stats.spec_stats.draft_steps > drafted
+    reads, drafted = strict_decode_step(llm, PROMPTS[:3], params)
+    assert reads == 1
+    assert drafted > 0

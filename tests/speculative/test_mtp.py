@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from testkit import MIXED_PROMPTS, TinyCheckpoint, fit_head, greedy_params, tiny_hf_model, tiny_llm
+from testkit import (
+    MIXED_PROMPTS,
+    TinyCheckpoint,
+    fit_head,
+    greedy_params,
+    strict_decode_step,
+    tiny_hf_model,
+    tiny_llm,
+)
 
 from speculant import SamplingParams
 from speculant.engine.memory import tensor_bytes
@@ -150,18 +158,10 @@ def test_no_sync_from_verify_to_head_launch_on_cuda(target, head, monkeypatch):
 def test_one_host_read_per_decode_step_strict(target, head, sampling):
     """A decode step in strict sync mode (any other read raises) under the device-mixing check:
     one host read, for greedy and sampled heads, mixed parameters at batch 3."""
-    from speculant.utils.device_check import device_check
 
     llm = mtp_llm(target, head, num_draft_tokens=3, head_sampling=sampling)
     params = [GREEDY, SamplingParams(max_tokens=24, temperature=0.8, seed=3, logprobs=True, top_logprobs=2), SamplingParams(max_tokens=24, temperature=0.7)]
-    for prompt, p in zip(PROMPTS[:3], params):
-        llm.engine.add_request(prompt, p)
-    while not all(r.output_token_ids for r in llm.engine.requests.values()):
-        llm.engine.step()
-    drafted = llm.engine.stats.spec_stats.draft_steps
-    with sync.strict_sync(), device_check():
-        before = sync.host_reads()
-        llm.engine.step()
-        assert sync.host_reads() - before == 1
-    assert llm.engine.stats.spec_stats.draft_steps > drafted
+    reads, drafted = strict_decode_step(llm, PROMPTS[:3], params)
+    assert reads == 1
+    assert drafted > 0
     assert llm.stats()["host_reads_per_step"] == 1.0

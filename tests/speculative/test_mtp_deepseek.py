@@ -96,11 +96,7 @@ def test_sampling_with_the_own_layer_matches_the_target():
     # chains accepted often enough for the bonus-token test.
     ckpt.weights[f"model.layers.{target.config.num_hidden_layers}.shared_head.norm.weight"] *= 0.1
     llm = LLM(model="tiny", checkpoint=ckpt, speculative="mtp", head_sampling="sample", page_size=4, **SAMPLING_ENGINE)
-    run = run_samples(llm, params)
-    x = run.tokens
-    pairs = [x[:, 0] * VOCAB + x[:, 1], x[:, 1] * VOCAB + x[:, 2], x[:, 2] * VOCAB + x[:, 3]]
-    out = {f"x{i + 1}x{i + 2}": chi_square_pvalue(c, j) for i, (c, j) in enumerate(zip(pairs, exact_joints(target, params)))}
-    out["bonus"] = bonus_pvalue(target, params, run.bonuses)
+    out = _law_pvalues(target, llm, params)
     assert min(out.values()) > ALPHA, out
 
 
@@ -141,10 +137,17 @@ def test_sampling_with_a_trained_head_matches_the_target(tmp_path):
     params = SamplingParams(max_tokens=NUM_DRAFTS + 2, temperature=0.8, top_k=12, ignore_eos=True)
     llm = LLM(model="tiny", checkpoint=ckpt, speculative="mtp", head=str(tmp_path / "train" / "head"),
               head_sampling="sample", page_size=4, **SAMPLING_ENGINE)
+    out = _law_pvalues(target, llm, params)
+    assert min(out.values()) > ALPHA, out
+    assert llm.stats()["accepted_tokens"] > 0.3 * llm.stats()["draft_tokens"]  # trained: often right
+
+
+def _law_pvalues(target, llm: LLM, params: SamplingParams) -> dict[str, float]:
+    """Chi-square p-values of the joints of consecutive first tokens, and of the bonus tokens,
+    against the target's exact law (the test of test_spec_sampling, V = 16)."""
     run = run_samples(llm, params)
     x = run.tokens
     pairs = [x[:, 0] * VOCAB + x[:, 1], x[:, 1] * VOCAB + x[:, 2], x[:, 2] * VOCAB + x[:, 3]]
     out = {f"x{i + 1}x{i + 2}": chi_square_pvalue(c, j) for i, (c, j) in enumerate(zip(pairs, exact_joints(target, params)))}
     out["bonus"] = bonus_pvalue(target, params, run.bonuses)
-    assert min(out.values()) > ALPHA, out
-    assert llm.stats()["accepted_tokens"] > 0.3 * llm.stats()["draft_tokens"]  # trained: often right
+    return out
