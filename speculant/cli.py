@@ -94,7 +94,7 @@ def _bench(args: argparse.Namespace) -> int:
     if args.speculative is not None:
         raise ValueError("--speculative: bench runs every method of --methods; list them there")
     opts = BenchOptions(
-        methods=args.methods, dataset=args.dataset, num_prompts=args.num_prompts, max_turns=args.max_turns, repeat=args.repeat, max_tokens=args.max_tokens,
+        methods=args.methods, dataset=args.dataset, categories=args.categories, num_prompts=args.num_prompts, max_turns=args.max_turns, repeat=args.repeat, max_tokens=args.max_tokens,
         batch_sizes=args.batch_sizes, temperature=args.temperature, seed=args.request_seed,
         output=args.output, peers=args.peers, progress=not args.no_progress,
     )
@@ -105,10 +105,11 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _bench_args(p: argparse.ArgumentParser) -> None:
-    from speculant.bench.command import parse_batch_sizes, parse_methods
+    from speculant.bench.command import parse_batch_sizes, parse_categories, parse_methods
 
     p.add_argument("--dataset", default=None, help="JSONL: MT-bench/Spec-Bench turns, {\"prompt\": ...} or HumanEval (.jsonl.gz too); default: MT-bench under $SPECULANT_DATA or ../shared/data")
     p.add_argument("--methods", type=_checked(parse_methods), default=("none", "ngram"), help="comma-separated speculation methods, each with optional engine options: mtp:k=2:head=PATH (none always runs, as the reference)")
+    p.add_argument("--categories", type=_checked(parse_categories), default=None, help="comma-separated: keep only items of these categories")
     p.add_argument("--num-prompts", type=int, default=20, help="items, taken round-robin over categories")
     p.add_argument("--max-turns", type=int, default=None, help="keep each item's first N user turns (1: first turns only)")
     p.add_argument("--repeat", type=int, default=1, help="run every item N times, all items once before any repeat (repeated requests)")

@@ -22,6 +22,7 @@ from speculant.sampling.params import SamplingParams
 class BenchOptions:
     methods: tuple[str, ...] = ("none", "ngram")
     dataset: str | None = None  # None: MT-bench beside the checkout
+    categories: tuple[str, ...] | None = None  # keep only these categories (None: all)
     num_prompts: int | None = 20
     max_turns: int | None = None  # keep each item's first turns only (1: MT-bench first turns)
     repeat: int = 1  # every item this many times, all items once before any repeats (repeated requests)
@@ -71,6 +72,13 @@ def method_options(spec: str) -> dict:
     return options
 
 
+def parse_categories(text: str) -> tuple[str, ...]:
+    categories = tuple(dict.fromkeys(c.strip() for c in text.split(",") if c.strip()))
+    if not categories:
+        raise ValueError(f"--categories: expected comma-separated category names, got {text!r}")
+    return categories
+
+
 def parse_batch_sizes(text: str) -> tuple[int, ...]:
     try:
         sizes = tuple(int(s) for s in text.split(",") if s.strip())
@@ -87,7 +95,13 @@ def run_bench(base: EngineConfig, opts: BenchOptions, checkpoint=None, draft_che
     from speculant.loader import load_checkpoint
 
     path = pathlib.Path(opts.dataset) if opts.dataset else default_dataset()
-    items = select(load_dataset(path), opts.num_prompts)
+    items = load_dataset(path)
+    if opts.categories is not None:
+        missing = sorted(set(opts.categories) - {item.category for item in items})
+        if missing:
+            raise ValueError(f"--categories: {path} has no items of {missing}")
+        items = [item for item in items if item.category in opts.categories]
+    items = select(items, opts.num_prompts)
     if opts.max_turns is not None:
         items = [dataclasses.replace(item, turns=item.turns[: opts.max_turns]) for item in items]
     if opts.repeat < 1:
@@ -118,7 +132,7 @@ def run_bench(base: EngineConfig, opts: BenchOptions, checkpoint=None, draft_che
                           base.speculative.num_draft_tokens, draft_checkpoint, opts.progress)
     rows = summarize(runs, greedy=opts.temperature == 0)
     setup = {
-        "model": base.model.model, "draft_model": base.speculative.draft.model, "dataset": str(path),
+        "model": base.model.model, "draft_model": base.speculative.draft.model, "dataset": str(path), "categories": opts.categories,
         "items": len(items), "methods": list(opts.methods), "batch_sizes": list(opts.batch_sizes),
         "max_tokens": opts.max_tokens, "max_turns": opts.max_turns, "repeat": opts.repeat, "temperature": opts.temperature,
         "num_draft_tokens": base.speculative.num_draft_tokens, "dtype": base.model.dtype,

@@ -1,15 +1,22 @@
-"""Per-request acceptance by draft slot, smoothed with a Beta prior.
+"""Acceptance by draft slot, per request and per kind of draft, smoothed with a pooled prior.
 
-alpha_i = P(slot i accepted | slots < i accepted), estimated from the request's own verify
-outcomes as (prior_accept + accepted_i) / (prior_accept + prior_reject + reached_i). The prior is
-optimistic (mean 0.8) but weak, so a new request speculates while a few rejections bring it
-down. Counts decay on every outcome (recent steps weigh most) and, while the request does not
-speculate, decay further every step so it probes again now and then instead of staying at k = 0
-for good.
+alpha_i = P(slot i accepted | slots < i accepted). Outcomes are counted under a key that the
+proposer gives each draft (an n-gram proposer: the length of the suffix that matched; a draft
+model: none), both for the request alone and pooled over every request:
+
+    pooled_i(key)      = (prior_accept + pooled accepted_i) / (prior_accept + prior_reject + pooled reached_i)
+    alpha_i(req, key)  = (s * pooled_i(key) + accepted_i) / (s + reached_i),   s = prior_accept + prior_reject
+
+So a new request starts from what drafts of its kind have been worth lately (at first the
+optimistic but weak Beta(0.8, 0.2) prior), and its own outcomes take over within a few steps.
+Counts decay on every outcome (recent steps weigh most). While a request does not speculate, its
+own and the pooled evidence fade further, so speculation is probed again now and then instead of
+staying at k = 0 for good.
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from speculant.core import count_by_position
@@ -20,39 +27,61 @@ class _Counts:
     accepted: list[float] = field(default_factory=list)  # [slots] decayed accepts at slot i
     reached: list[float] = field(default_factory=list)  # [slots] decayed times slot i was verified
 
+    def scale(self, factor: float) -> None:
+        self.accepted = [a * factor for a in self.accepted]
+        self.reached = [r * factor for r in self.reached]
+
+    def rate(self, i: int, prior_accept: float, prior_total: float) -> float:
+        """(prior_accept + accepted_i) / (prior_total + reached_i)."""
+        if i >= len(self.reached):
+            return prior_accept / prior_total
+        return (prior_accept + self.accepted[i]) / (prior_total + self.reached[i])
+
 
 class AcceptanceTracker:
-    def __init__(self, prior_accept: float = 0.8, prior_reject: float = 0.2, decay: float = 0.95, idle_decay: float = 0.99) -> None:
+    def __init__(
+        self,
+        prior_accept: float = 0.8,
+        prior_reject: float = 0.2,
+        decay: float = 0.95,
+        idle_decay: float = 0.99,
+        pooled_decay: float = 0.995,
+        pooled_idle_decay: float = 0.98,
+    ) -> None:
         self.prior_accept, self.prior_reject = prior_accept, prior_reject
         self.decay, self.idle_decay = decay, idle_decay
-        self._counts: dict[str, _Counts] = {}
+        self.pooled_decay, self.pooled_idle_decay = pooled_decay, pooled_idle_decay
+        self._counts: dict[str, dict[Hashable, _Counts]] = {}  # request id -> key -> its own outcomes
+        self._pooled: dict[Hashable, _Counts] = {}  # key -> every request's outcomes
 
-    def alphas(self, request_id: str, k: int) -> list[float]:
-        """[k] smoothed conditional acceptance of slots 0..k-1."""
-        c = self._counts.get(request_id, _Counts())
-        prior = self.prior_accept + self.prior_reject
-        return [
-            (self.prior_accept + (c.accepted[i] if i < len(c.accepted) else 0.0))
-            / (prior + (c.reached[i] if i < len(c.reached) else 0.0))
-            for i in range(k)
-        ]
+    def alphas(self, request_id: str, k: int, key: Hashable = None) -> list[float]:
+        """[k] smoothed conditional acceptance of slots 0..k-1 for a draft of this key."""
+        s = self.prior_accept + self.prior_reject
+        pooled = self._pooled.get(key, _Counts())
+        own = self._counts.get(request_id, {}).get(key, _Counts())
+        return [own.rate(i, s * pooled.rate(i, self.prior_accept, s), s) for i in range(k)]
 
-    def record(self, request_id: str, num_drafts: int, num_accepted: int) -> None:
+    def record(self, request_id: str, num_drafts: int, num_accepted: int, key: Hashable = None) -> None:
         """One verify: slots 0..num_accepted were reached, the first num_accepted accepted."""
-        c = self._counts.setdefault(request_id, _Counts())
-        _scale(c, self.decay)
-        count_by_position(c.reached, c.accepted, min(num_drafts, num_accepted + 1), num_accepted)
+        num_reached = min(num_drafts, num_accepted + 1)
+        own = self._counts.setdefault(request_id, {}).setdefault(key, _Counts())
+        pooled = self._pooled.setdefault(key, _Counts())
+        own.scale(self.decay)
+        pooled.scale(self.pooled_decay)
+        for c in (own, pooled):
+            count_by_position(c.reached, c.accepted, num_reached, num_accepted)
 
     def idle(self, request_id: str) -> None:
-        """A decode step where the request did not speculate: its evidence fades toward the prior."""
-        c = self._counts.get(request_id)
-        if c is not None:
-            _scale(c, self.idle_decay)
+        """A decode step where the request could have speculated and did not: its evidence fades
+        toward the pooled estimate."""
+        for c in self._counts.get(request_id, {}).values():
+            c.scale(self.idle_decay)
+
+    def idle_step(self) -> None:
+        """A decode step where some request could have speculated and did not: the pooled
+        evidence fades toward the prior (once per step, whatever the batch size)."""
+        for c in self._pooled.values():
+            c.scale(self.pooled_idle_decay)
 
     def release(self, request_id: str) -> None:
         self._counts.pop(request_id, None)
-
-
-def _scale(c: _Counts, factor: float) -> None:
-    c.accepted = [a * factor for a in c.accepted]
-    c.reached = [r * factor for r in c.reached]

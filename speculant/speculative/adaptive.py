@@ -1,15 +1,17 @@
 """Cost-aware speculation length: each decode step, every request's k (0 = plain decoding) is
 chosen to maximise the batch's expected emitted tokens per second.
 
-Acceptance comes from the request's own verify outcomes (`AcceptanceTracker`), the cost of a step
-from a linear model of the target's verify time (`StepCostModel`, fitted online from measured
-step times) plus the proposer's measured draft cost. The k chooser itself is pure
+Acceptance comes from verify outcomes of the request and of drafts of the same kind
+(`AcceptanceTracker`; the proposer offers its drafts with a key, e.g. an n-gram match's length),
+the cost of a step from a model of the target's verify time by row count (`StepCostModel`,
+calibrated at start-up and fitted online from measured step times) plus the proposer's measured
+draft cost. The k chooser itself is pure
 (`k_chooser.choose_k`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 from speculant.core import Request, StepResult
 from speculant.speculative.acceptance_tracker import AcceptanceTracker
@@ -24,12 +26,16 @@ class AdaptiveK:
         self.cost = StepCostModel()
         self.draft_forward_s = MovingAverage(draft_forward_prior_s)
         self._context = None  # context tokens of the decode step being taken; None: not a decode step
+        self._keys: dict[str, Hashable] = {}  # request id -> key of the drafts on offer this step (offered only)
         self._draft_s = 0.0  # seconds this step spent proposing
 
-    def choose(self, requests: Sequence[Request], k_max: Sequence[int]) -> list[int]:
+    def choose(self, requests: Sequence[Request], k_max: Sequence[int], keys: Sequence[Hashable] | None = None) -> list[int]:
+        """Each request's k this step; k_max[b]: drafts on offer (0: none), keys[b]: their kind."""
+        keys = [None] * len(requests) if keys is None else keys
         context = sum(r.num_computed_tokens for r in requests)
-        alphas = [self.tracker.alphas(r.request_id, k) for r, k in zip(requests, k_max)]
+        alphas = [self.tracker.alphas(r.request_id, k, key) for r, k, key in zip(requests, k_max, keys)]
         self._context, self._draft_s = context, 0.0
+        self._keys = {r.request_id: key for r, k, key in zip(requests, k_max, keys) if k > 0}
         return choose_k(alphas, k_max, lambda ks: self.step_seconds(ks, context))
 
     def step_seconds(self, ks: Sequence[int], context: int) -> float:
@@ -45,19 +51,24 @@ class AdaptiveK:
             self.draft_forward_s.update(seconds / forwards)
 
     def observe(self, result: StepResult, seconds: float) -> None:
-        """A committed decode step took `seconds`: update acceptance and the target's cost fit."""
+        """A committed decode step took `seconds`: update acceptance and the target's cost fit.
+        A request with nothing on offer (no n-gram match) leaves its evidence as it is."""
         if self._context is None:
             return
         offsets = result.row_offsets
         ks = [offsets[b + 1] - offsets[b] - 1 for b in range(len(result.requests))]
         accepted = result.accepted_counts if result.speculative else [0] * len(ks)
+        any_idle = False
         for r, k, a in zip(result.requests, ks, accepted):
-            if r.finished:
+            if r.finished or r.request_id not in self._keys:
                 continue
             if k > 0:
-                self.tracker.record(r.request_id, k, a)
+                self.tracker.record(r.request_id, k, a, self._keys[r.request_id])
             else:
                 self.tracker.idle(r.request_id)
+                any_idle = True
+        if any_idle:
+            self.tracker.idle_step()
         self.cost.update(ks, self._context, max(0.0, seconds - self._draft_s))
         self._context = None
 

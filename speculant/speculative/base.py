@@ -15,7 +15,7 @@ Method-specific logic lives in the subclasses; the engine never asks which metho
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,9 +115,19 @@ class Proposer(ABC):
                 self.adaptive.not_decoding()
             return False
         bounds = [self.num_draft_tokens(r) for r in batch.requests]
-        ks = self.adaptive.choose(batch.requests, bounds) if self.adaptive is not None else bounds
+        if self.adaptive is not None:
+            offers = [self.offer(r, k) for r, k in zip(batch.requests, bounds)]
+            ks = self.adaptive.choose(batch.requests, [n for n, _ in offers], [key for _, key in offers])
+        else:
+            ks = bounds
         self._step_ks = {r.request_id: k for r, k in zip(batch.requests, ks)}
         return any(k > 0 for k in ks)
+
+    def offer(self, request: Request, k: int) -> tuple[int, Hashable]:
+        """(drafts this proposer can offer the request this step, at most k; their kind), asked
+        before adaptive k chooses. The kind keys the acceptance evidence (a lookup proposer: the
+        match length); a draft model can always offer k of one kind."""
+        return k, None
 
     def step_k(self, request: Request) -> int:
         """The k this step drafts for the request (fixed by `speculates`)."""

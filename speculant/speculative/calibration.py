@@ -1,9 +1,8 @@
 """Start-up calibration of the step cost model (adaptive k), cached per machine and model shape.
 
-A few target forwards shaped like decode steps are timed once: 1 and 8 sequences, each verifying
-1 or k + 1 tokens over a short context, and one sequence over a longer context, so the three
-coefficients of `StepCostModel` (per step, per verified token, per 1000 context tokens) are all
-determined. The fit seeds the online model, which the engine's measured step times then correct.
+Target forwards shaped like decode steps are timed once (`points`): one sequence verifying every
+1..k + 1 tokens, batches of 8 and 32 sequences, and one sequence over a longer context, so that
+`StepCostModel`'s cost by row count and its context coefficient are determined. The fit seeds the online model, which the engine's measured step times then correct.
 Results are cached in `$SPECULANT_CACHE/step_cost.json` under a key of the CPU, threads, torch
 version, device, dtype, weights and the target's shape, so only the first start measures.
 """
@@ -24,7 +23,7 @@ from speculant.layers.autotune import cpu_name
 from speculant.utils.json_cache import read_json, write_json
 
 SHORT_CONTEXT, LONG_CONTEXT = 64, 512  # tokens of context per sequence
-BATCH = 8  # sequences of the batched points
+BATCHES = (8, 32)  # sequences of the batched points (at most the scheduler's max_num_seqs)
 REPEATS = 3  # forwards timed per point (the fastest counts)
 CALIBRATION_ID = "<step cost calibration {}>"  # page-table ids of the scratch sequences
 
@@ -33,10 +32,13 @@ Sample = tuple[list[int], int, float]  # (verified tokens - 1 per sequence, cont
 
 def points(k_max: int, max_seqs: int, capacity: int, max_position: int) -> list[tuple[int, int, int]]:
     """(sequences, tokens verified per sequence, context per sequence) to time, fitting in
-    `capacity` KV slots and the model's context."""
-    batch = max(1, min(BATCH, max_seqs))
+    `capacity` KV slots and the model's context: one sequence at every k up to k_max (the
+    cost's shape in the row count matters most there), batches of 8 and 32 at k = 0, 1 and
+    k_max, and one sequence over a longer context."""
     short, long = (min(c, max_position - k_max - 1) for c in (SHORT_CONTEXT, LONG_CONTEXT))
-    out = [(1, t, short) for t in (1, k_max + 1)] + [(batch, t, short) for t in (1, k_max + 1)]
+    out = [(1, t, short) for t in range(1, k_max + 2)]
+    for batch in dict.fromkeys(min(b, max_seqs) for b in BATCHES):
+        out += [(batch, t, short) for t in (1, 2, k_max + 1)]
     out += [(1, t, long) for t in (1, k_max + 1)]
     return [p for p in dict.fromkeys(out) if p[2] > 0 and p[0] * (p[1] + p[2]) <= capacity]
 
@@ -67,7 +69,7 @@ def measure(pages: PageTables, k_max: int, max_seqs: int, max_position: int) -> 
 def cache_key(model: ModelConfig, arch: ArchConfig, k_max: int) -> str:
     shape = f"{arch.family}:{arch.hidden_size}x{arch.num_layers}:{arch.num_heads}/{arch.num_kv_heads}x{arch.head_dim}:{arch.intermediate_size}:{arch.vocab_size}"
     settings = f"{model.device}|{model.dtype}|{model.weights}|{model.attention_backend}|k{k_max}"
-    return f"{cpu_name()}|{os.cpu_count()}|{torch.get_num_threads()}|{torch.__version__}|{settings}|{shape}"
+    return f"v2|{cpu_name()}|{os.cpu_count()}|{torch.get_num_threads()}|{torch.__version__}|{settings}|{shape}"
 
 
 def load_cached(key: str) -> list[Sample] | None:

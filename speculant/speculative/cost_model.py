@@ -1,12 +1,20 @@
-"""A linear cost model of one decode step, fitted online from the engine's step timings.
+"""A cost model of one decode step, fitted at start-up and corrected online from the engine's
+step timings.
 
-    t(step) = a + b * (tokens verified in the batch, sum of k_b + 1) + c * (context tokens / 1000)
+    t(step) = f(M) + c * (context tokens / 1000)
               + draft cost (the proposer's own measured seconds per draft forward x forwards)
 
-The target part is fitted by recursive least squares forgetting old steps (factor 0.98: about
-the last 50 decode steps count), starting from a prior (10 ms a step, a verified token costing a
-tenth of that) that the first measured steps quickly outweigh; the draft part is a moving average the proposer measures
-around its own draft forwards. Pure arithmetic: no engine, no torch.
+where M = sum_b (k_b + 1) is the number of rows the target's matmuls see. f is piecewise linear
+over knots in M (1, 2, 3, 4, 5, 6, 8, 12, 16, ...), because on a CPU the cost of a product is far
+from linear in its rows: a 2-row verify can cost 1.5x a 1-row step while 4 rows cost about the
+same as 2 (the kernel changes with the row count). A straight line through the 1-row and
+(k+1)-row costs underprices small k's, and small k's are what a low acceptance picks.
+
+The coefficients (f at every knot, and c) are fitted by recursive least squares, forgetting old
+steps (factor 0.98: about the last 50 decode steps count), from a prior: the start-up calibration
+(`speculative.calibration`) or, without one, 10 ms a step plus 1 ms a row. Knots the
+calibration did not reach are interpolated with a smoothness penalty. Pure arithmetic: no
+engine, no torch.
 """
 
 from __future__ import annotations
@@ -15,38 +23,67 @@ from collections.abc import Sequence
 
 import numpy as np
 
-PRIOR = (0.01, 0.001, 0.0)  # seconds: per step, per verified token, per 1000 context tokens
+KNOTS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
+PRIOR_STEP_S, PRIOR_ROW_S, PRIOR_CONTEXT_S = 0.01, 0.001, 0.0  # the uncalibrated prior
+
+Sample = tuple[Sequence[int], int, float]  # (k per sequence, context tokens, seconds)
+
+
+def rows(ks: Sequence[int]) -> int:
+    """M: rows of the target's products for a step whose sequences verify k_b + 1 tokens."""
+    return sum(k + 1 for k in ks)
 
 
 def features(ks: Sequence[int], context_tokens: int) -> np.ndarray:
-    """[3] the regressors of a decode step whose sequences verify k_b + 1 tokens each."""
-    return np.array([1.0, float(sum(k + 1 for k in ks)), context_tokens / 1000.0])
+    """[len(KNOTS) + 1]: the hat functions of M over the knots (linear extrapolation past the last
+    knot), then context tokens / 1000."""
+    m = float(max(1, rows(ks)))
+    x = np.zeros(len(KNOTS) + 1)
+    j = min(int(np.searchsorted(KNOTS, m, side="right")) - 1, len(KNOTS) - 2)  # segment [KNOTS[j], KNOTS[j+1]]
+    w = (m - KNOTS[j]) / (KNOTS[j + 1] - KNOTS[j])
+    x[j], x[j + 1] = 1.0 - w, w
+    x[-1] = context_tokens / 1000.0
+    return x
+
+
+def prior_theta() -> np.ndarray:
+    return np.array([PRIOR_STEP_S + PRIOR_ROW_S * k for k in KNOTS] + [PRIOR_CONTEXT_S])
 
 
 class StepCostModel:
-    def __init__(self, prior: Sequence[float] = PRIOR, noise_s: float = 1e-3, forget: float = 0.98) -> None:
-        self.theta = np.array(prior, dtype=float)  # [3] a, b, c
+    def __init__(self, prior: Sequence[float] | None = None, noise_s: float = 1e-3, forget: float = 0.98) -> None:
+        self.theta = prior_theta() if prior is None else np.array(prior, dtype=float)  # [knots + 1]
         scale = np.maximum(np.abs(self.theta), 1e-3)  # prior std of each coefficient
-        self.P = np.diag((scale / noise_s) ** 2)  # [3, 3] covariance of theta over the timing noise
+        self.P = np.diag((scale / noise_s) ** 2)  # covariance of theta over the timing noise
         self._P_trace_max = float(np.trace(self.P)) * 1e3  # no wind-up while the regressors do not vary
         self.forget = forget
         self.num_updates = 0
         self.calibration: list[tuple[list[int], int, float]] = []  # the samples the prior was fitted to
 
     @classmethod
-    def calibrated(cls, samples: Sequence[tuple[Sequence[int], int, float]]) -> StepCostModel:
-        """A model whose prior is the least-squares fit of measured (ks, context, seconds)
-        samples (`speculative.calibration`); the prior's weight is that of a few steps."""
-        x = np.stack([features(ks, context) for ks, context, _ in samples])  # [S, 3]
+    def calibrated(cls, samples: Sequence[Sample], smoothness: float = 1e-8) -> StepCostModel:
+        """A model whose prior is the least-squares fit of measured (ks, context, seconds) samples
+        (`speculative.calibration`), second differences of f penalised so that knots between and
+        beyond the measured row counts are interpolated; the prior weighs as much as a few steps."""
+        x = np.stack([features(ks, context) for ks, context, _ in samples])  # [S, knots + 1]
         y = np.array([seconds for _, _, seconds in samples])
-        theta = np.linalg.lstsq(x, y, rcond=None)[0]
-        model = cls(prior=np.concatenate([theta[:1], np.maximum(theta[1:], 0.0)]))
+        n = len(KNOTS)
+        d2 = np.zeros((n - 2, n + 1))  # second differences of f over the knots, per unit of M
+        for i in range(n - 2):
+            h0, h1 = KNOTS[i + 1] - KNOTS[i], KNOTS[i + 2] - KNOTS[i + 1]
+            d2[i, i], d2[i, i + 1], d2[i, i + 2] = 1 / h0, -(1 / h0 + 1 / h1), 1 / h1
+        lhs = np.concatenate([x, np.sqrt(smoothness) * d2])
+        rhs = np.concatenate([y, np.zeros(n - 2)])
+        theta = np.linalg.lstsq(lhs, rhs, rcond=None)[0]
+        model = cls(prior=theta)
         model.calibration = [(list(ks), int(c), float(s)) for ks, c, s in samples]
         return model
 
     def predict(self, ks: Sequence[int], context_tokens: int) -> float:
-        """Seconds for the target's part of a decode step (never below a microsecond)."""
-        theta = np.concatenate([self.theta[:1], np.maximum(self.theta[1:], 0.0)])  # more tokens never cost less
+        """Seconds for the target's part of a decode step (never below a microsecond); more rows
+        or more context never cost less."""
+        f = np.maximum.accumulate(self.theta[:-1])
+        theta = np.concatenate([f, [max(0.0, self.theta[-1])]])
         return max(1e-6, float(features(ks, context_tokens) @ theta))
 
     def update(self, ks: Sequence[int], context_tokens: int, seconds: float) -> None:
@@ -61,7 +98,7 @@ class StepCostModel:
             self.P *= self._P_trace_max / trace
         self.num_updates += 1
 
-    def fit(self, samples: Sequence[tuple[Sequence[int], int, float]]) -> None:
+    def fit(self, samples: Sequence[Sample]) -> None:
         """Feed (ks, context tokens, seconds) samples in order."""
         for ks, context, seconds in samples:
             self.update(ks, context, seconds)

@@ -67,24 +67,37 @@ class NgramProposer(Proposer):
     def __init__(self, ctx: ProposerContext) -> None:
         super().__init__(ctx)
         self._indexes: dict[str, NgramIndex] = {}  # per running request
+        self._offered: dict[str, list[int]] = {}  # request id -> tokens `offer` found this step
         ngram = ctx.speculative.ngram
         self.store = SuffixStore(ngram.store_tokens, ngram.min_n, ngram.max_n) if ngram.store_tokens else None
 
+    def offer(self, request: Request, k: int) -> tuple[int, tuple[int, bool]]:
+        """The lookup, done before k is chosen: (tokens found, (match length, from the store))."""
+        tokens, key = self._lookup(request, k)
+        self._offered[request.request_id] = tokens
+        return len(tokens), key
+
     def propose(self, batch: Batch) -> Forwards[DraftProposal]:
-        drafts = [self._draft(r, self.step_k(r)) for r in batch.requests]
+        drafts = []
+        for r in batch.requests:
+            k = self.step_k(r)
+            offered = self._offered.pop(r.request_id, None)
+            drafts.append(offered[:k] if offered is not None else self._lookup(r, k)[0])
+        self._offered.clear()
         yield from ()  # a lookup, no model forward
         return pad_proposals(drafts, self.ctx.device)
 
-    def _draft(self, request: Request, k: int) -> list[int]:
-        """The longer match of the request's own tokens and its scope's stored outputs (own on a tie)."""
+    def _lookup(self, request: Request, k: int) -> tuple[list[int], tuple[int, bool]]:
+        """The longer match of the request's own tokens and its scope's stored outputs (own on a
+        tie): (up to k tokens, (match length, from the store))."""
         index = self._index(request)
         own, n = index.match(k)
         scope = self._scope(request)
         if self.store is not None and scope is not None and k > 0:
             found = self.store.lookup(scope, index.tokens[-self.store.max_n :], k)
             if found is not None and found.match_len > n and found.tokens:
-                return found.tokens
-        return own
+                return found.tokens, (found.match_len, True)
+        return own, (n, False)
 
     def _scope(self, request: Request) -> str | None:
         """Whose stored outputs the request may match: its user's (None: nobody's), or everyone's."""
@@ -103,6 +116,7 @@ class NgramProposer(Proposer):
     def release(self, request: Request) -> None:
         super().release(request)
         self._indexes.pop(request.request_id, None)
+        self._offered.pop(request.request_id, None)
         scope = self._scope(request)
         if self.store is not None and scope is not None and request.status in _COMPLETED:
             context = request.prompt_token_ids[-self.store.max_n :]

@@ -135,3 +135,14 @@ def test_repeat_runs_every_item_again_after_all_of_them(tmp_path, tiny_checkpoin
     assert rows["ngram"]["tau"] > rows["ngram:ngram_store_tokens=0"]["tau"]  # the bench's requests share a user
     with pytest.raises(ValueError, match="--repeat"):
         run_bench(build_engine_config(BASE), BenchOptions(dataset=str(dataset), repeat=0), checkpoint=tiny_checkpoint)
+
+
+def test_categories_keep_only_their_items(tmp_path, tiny_checkpoint):
+    dataset, _ = _mt_bench(tmp_path)
+    opts = BenchOptions(methods=("none",), dataset=str(dataset), categories=("writing",), num_prompts=None, max_turns=1,
+                        max_tokens=4, batch_sizes=(1,), progress=False)
+    result = run_bench(build_engine_config(BASE), opts, checkpoint=tiny_checkpoint)
+    assert {r["category"] for r in result["rows"]} == {"all", "writing"}
+    assert [r for r in result["rows"] if r["category"] == "all"][0]["requests"] == 2
+    with pytest.raises(ValueError, match="--categories.*poetry"):
+        run_bench(build_engine_config(BASE), BenchOptions(dataset=str(dataset), categories=("poetry",)), checkpoint=tiny_checkpoint)

@@ -13,8 +13,8 @@ from speculant.speculative.cost_model import StepCostModel
 
 
 def test_points_cover_batch_tokens_and_context_within_capacity():
-    pts = calibration.points(k_max=4, max_seqs=64, capacity=10_000, max_position=4096)
-    assert {(b, t) for b, t, _ in pts} == {(1, 1), (1, 5), (8, 1), (8, 5)}
+    pts = calibration.points(k_max=4, max_seqs=64, capacity=100_000, max_position=4096)
+    assert {(b, t) for b, t, _ in pts} == {(1, t) for t in range(1, 6)} | {(b, t) for b in (8, 32) for t in (1, 2, 5)}
     assert {c for _, _, c in pts} == {calibration.SHORT_CONTEXT, calibration.LONG_CONTEXT}
     small = calibration.points(k_max=4, max_seqs=2, capacity=300, max_position=128)
     assert all(b <= 2 and b * (t + c) <= 300 and t + c <= 128 for b, t, c in small) and small
@@ -22,7 +22,8 @@ def test_points_cover_batch_tokens_and_context_within_capacity():
 
 def test_calibrated_model_recovers_a_linear_law():
     law = lambda ks, context: 0.004 + 0.0015 * sum(k + 1 for k in ks) + 0.002 * context / 1000  # noqa: E731
-    samples = [(ks, c, law(ks, c)) for ks, c in [([0], 64), ([4], 64), ([0] * 8, 512), ([4] * 8, 512), ([0], 512), ([4], 512)]]
+    pts = calibration.points(k_max=4, max_seqs=64, capacity=100_000, max_position=4096)
+    samples = [([t - 1] * b, b * c, law([t - 1] * b, b * c)) for b, t, c in pts]
     model = StepCostModel.calibrated(samples)
     for ks, c in [([2], 100), ([3] * 5, 2000)]:
         assert model.predict(ks, c) == pytest.approx(law(ks, c), rel=1e-6)
@@ -32,7 +33,7 @@ def test_first_start_measures_and_caches_then_the_cache_is_read(tmp_path, monkey
     monkeypatch.setenv("SPECULANT_CACHE", str(tmp_path))
     draft = tiny_hf_model("llama", seed=5, num_hidden_layers=1)
     first = tiny_llm(target, draft, num_draft_tokens=3, adaptive_k=True).stats()["step_cost_calibration"]
-    assert len(first) == 6 and all(seconds > 0 for _, _, seconds in first)
+    assert len(first) >= 6 and all(seconds > 0 for _, _, seconds in first)
     cached = json.loads((tmp_path / "step_cost.json").read_text())
     assert list(cached.values()) == [[list(s) for s in first]]
 

@@ -1,4 +1,5 @@
-"""The step cost model recovers a linear cost from timings and follows a changed one."""
+"""The step cost model recovers a cost that is piecewise in the row count, follows a changed one,
+and interpolates the calibration between the row counts it measured."""
 
 from __future__ import annotations
 
@@ -6,31 +7,38 @@ import random
 
 import pytest
 
-from speculant.speculative.cost_model import MovingAverage, StepCostModel
+from speculant.speculative.cost_model import MovingAverage, StepCostModel, rows
 
 
-def synthetic(a: float, b: float, c: float, n: int, seed: int = 0):
+def cpu_like(m: int) -> float:
+    """Seconds for M rows: 2 rows cost 1.5x one, 2..4 rows the same, then linear (a CPU kernel)."""
+    if m == 1:
+        return 0.040
+    return 0.060 + 0.004 * max(0, m - 4)
+
+
+def synthetic(law, c: float, n: int, seed: int = 0, max_seqs: int = 16):
     rng = random.Random(seed)
     samples = []
     for _ in range(n):
-        ks = [rng.randint(0, 8) for _ in range(rng.randint(1, 16))]
+        ks = [rng.randint(0, 8) for _ in range(rng.randint(1, max_seqs))]
         context = rng.randint(10, 4000) * len(ks)
-        samples.append((ks, context, a + b * sum(k + 1 for k in ks) + c * context / 1000))
+        samples.append((ks, context, law(rows(ks)) + c * context / 1000))
     return samples
 
 
-def test_fit_recovers_the_coefficients():
+def test_fit_recovers_a_cost_piecewise_in_rows():
     model = StepCostModel()
-    model.fit(synthetic(0.042, 0.006, 0.003, 300))
-    assert model.theta == pytest.approx([0.042, 0.006, 0.003], rel=0.02)
-    assert model.predict([4], 1000) == pytest.approx(0.042 + 0.006 * 5 + 0.003, rel=0.02)
+    model.fit(synthetic(cpu_like, 0.003, 400, max_seqs=1) + synthetic(cpu_like, 0.003, 400, seed=3))
+    for ks, context in [([0], 500), ([1], 500), ([3], 2000), ([4] * 4, 8000), ([0] * 16, 16000)]:
+        assert model.predict(ks, context) == pytest.approx(cpu_like(rows(ks)) + 0.003 * context / 1000, rel=0.05)
 
 
 def test_online_correction_moves_toward_new_timings():
     model = StepCostModel()
-    model.fit(synthetic(0.02, 0.002, 0.001, 200, seed=1))
+    model.fit(synthetic(lambda m: 0.02 + 0.002 * m, 0.001, 200, seed=1))
     before = model.predict([3, 3], 2000)
-    new = synthetic(0.05, 0.004, 0.001, 300, seed=2)
+    new = synthetic(lambda m: 0.05 + 0.004 * m, 0.001, 300, seed=2)
     target = 0.05 + 0.004 * 8 + 0.002
     model.fit(new[:20])
     middle = model.predict([3, 3], 2000)
@@ -40,9 +48,22 @@ def test_online_correction_moves_toward_new_timings():
     assert after == pytest.approx(target, rel=0.05)
 
 
-def test_prediction_stays_positive_and_prior_orders_k():
+def test_prediction_stays_positive_and_grows_with_rows():
     model = StepCostModel()
     assert 0 < model.predict([0], 0) < model.predict([4], 0) < model.predict([4, 4], 0)
+    model.theta[1] = -1.0  # a noisy fit that makes 2 rows look cheaper than 1
+    assert model.predict([1], 0) >= model.predict([0], 0) > 0
+
+
+def test_calibration_prices_a_two_row_verify_as_measured_not_on_a_line():
+    samples = [([k], 64, cpu_like(k + 1)) for k in (0, 1, 2, 3, 8)] + [([0], 512, cpu_like(1) + 0.001)]
+    model = StepCostModel.calibrated(samples)
+    assert model.predict([1], 64) / model.predict([0], 64) == pytest.approx(1.5, rel=1e-3)
+    for k in (0, 1, 2, 3, 8):
+        assert model.predict([k], 64) == pytest.approx(cpu_like(k + 1), rel=1e-3)
+    assert cpu_like(4) < model.predict([5], 64) < cpu_like(9)  # between measured rows: interpolated
+    assert model.predict([15], 64) > model.predict([8], 64)  # past them: extrapolated, still growing
+    assert model.predict([0], 960) == pytest.approx(cpu_like(1) + 0.002, rel=1e-3)  # 0.001 s per 448 tokens
 
 
 def test_moving_average_starts_at_the_prior_then_follows():
