@@ -263,7 +263,7 @@ class SpeculativeConfig:
     method: str = option("none", "speculative method (none disables it)", name="speculative", choices=_speculative_methods)
     num_draft_tokens: int = option(4, "k: tokens proposed per sequence per step (requests may override it)")
     adaptive_k: bool = option(
-        False,
+        True,
         "choose each request's k every step (0 = plain decoding) from its measured acceptance and the "
         "measured step cost; num_draft_tokens is then the upper bound",
     )

@@ -2,11 +2,15 @@
 
 The plan gathers slot indices and builds one boolean mask per forward on the host, so each layer
 does two gathers and one `scaled_dot_product_attention` call whatever the mix of prefill, decode,
-verification or tree tokens in the batch.
+verification or tree tokens in the batch. Padding every sequence to the longest query would make
+a prefill chunk of C tokens cost every decoding sequence of the batch C query rows over its whole
+context, so a causal batch mixing short queries (decode, verification: at most `SHORT_Q` tokens)
+with long ones (prefill chunks) runs one SDPA call per group.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,6 +29,18 @@ class TorchAttentionMeta:
     q_scatter: torch.Tensor | None  # [T] row of each token in the padded [B * Q] layout; None if T == B * Q
     num_seqs: int
     max_q: int
+    groups: list[QueryGroup] | None = None  # mixed short and long queries: one SDPA call per group
+
+
+@dataclass
+class QueryGroup:
+    seqs: torch.Tensor  # [b] the group's sequences
+    tokens: torch.Tensor  # [t] their rows of the flat batch, in order
+    max_kv: int  # keys the group's sequences see, at most
+    meta: TorchAttentionMeta  # the group's mask and padding, as if it were the whole batch
+
+
+SHORT_Q = 16  # queries of at most this many tokens are grouped apart from longer ones
 
 
 class TorchAttention(AttentionBackend):
@@ -54,20 +70,15 @@ class TorchAttention(AttentionBackend):
         key_pos = np.arange(max_kv)
         pages = fb.page_table[:, np.minimum(key_pos // fb.page_size, fb.page_table.shape[1] - 1)]
         kv_gather = np.where(key_pos < kv_lens[:, None], pages * fb.page_size + key_pos % fb.page_size, 0)
-        padded = fb.num_tokens != num_seqs * max_q
-        q_scatter = None
-        if padded:
-            seq_of_token = np.repeat(np.arange(num_seqs), q_lens)
-            q_scatter = seq_of_token * max_q + np.arange(fb.num_tokens) - fb.cu_seqlens_q[seq_of_token]
-        mask = _build_mask(fb, max_q, max_kv)
+        groups = _groups(fb, device)
         as_tensor = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
         return TorchAttentionMeta(
             slot_mapping=as_tensor(fb.slot_mapping),
             kv_gather=as_tensor(kv_gather),
-            mask=None if mask is None else as_tensor(mask[:, None]),
-            q_scatter=None if q_scatter is None else as_tensor(q_scatter),
             num_seqs=num_seqs,
             max_q=max_q,
+            groups=groups,
+            **({"mask": None, "q_scatter": None} if groups else _padding(fb, max_q, max_kv, device)),
         )
 
     def forward(self, q, k, v, k_cache, v_cache, meta: TorchAttentionMeta, scale: float) -> torch.Tensor:
@@ -83,8 +94,16 @@ def attend_gathered(
     meta: TorchAttentionMeta,
     scale: float,
 ) -> torch.Tensor:  # [T, H * Dv]
-    """Pad the flat queries to [B, Q], one SDPA call under the plan's mask, unpad."""
+    """Pad the flat queries to [B, Q], one SDPA call under the plan's mask, unpad (per query
+    group when the plan has groups)."""
     num_tokens, num_heads, head_dim = q.shape
+    if meta.groups:
+        out = None
+        for g in meta.groups:
+            part = attend_gathered(q.index_select(0, g.tokens), keys[g.seqs, : g.max_kv], values[g.seqs, : g.max_kv], g.meta, scale)
+            out = part.new_empty(num_tokens, part.shape[1]) if out is None else out
+            out.index_copy_(0, g.tokens, part)
+        return out
     if meta.q_scatter is not None:
         padded = q.new_zeros(meta.num_seqs * meta.max_q, num_heads, head_dim)
         q = padded.index_copy_(0, meta.q_scatter, q)
@@ -100,6 +119,38 @@ def attend_gathered(
         )  # [B, H, Q, Dv]
         out = out.transpose(1, 2).reshape(meta.num_seqs * meta.max_q, -1)
     return out if meta.q_scatter is None else out.index_select(0, meta.q_scatter)
+
+
+def _padding(fb: ForwardBatch, max_q: int, max_kv: int, device: torch.device) -> dict:
+    """The mask ([B, 1, Q, L] or None) and the padded row of each token (None if unpadded)."""
+    num_seqs, q_lens = fb.num_seqs, fb.q_lens
+    q_scatter = None
+    if fb.num_tokens != num_seqs * max_q:
+        seq_of_token = np.repeat(np.arange(num_seqs), q_lens)
+        q_scatter = seq_of_token * max_q + np.arange(fb.num_tokens) - fb.cu_seqlens_q[seq_of_token]
+    mask = _build_mask(fb, max_q, max_kv)
+    as_tensor = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
+    return {"mask": None if mask is None else as_tensor(mask[:, None]), "q_scatter": None if q_scatter is None else as_tensor(q_scatter)}
+
+
+def _groups(fb: ForwardBatch, device: torch.device) -> list[QueryGroup] | None:
+    """Short and long queries apart, for a causal batch holding both (else None)."""
+    q_lens = fb.q_lens
+    short = q_lens <= SHORT_Q
+    if len(fb.custom_mask) or short.all() or not short.any():
+        return None
+    groups = []
+    for seqs in (np.flatnonzero(short), np.flatnonzero(~short)):
+        sub_q, sub_kv = q_lens[seqs], fb.kv_lens[seqs]
+        starts = fb.cu_seqlens_q[seqs]
+        tokens = np.concatenate([np.arange(a, a + n) for a, n in zip(starts, sub_q)])
+        cu = np.concatenate([[0], np.cumsum(sub_q)])
+        sub = dataclasses.replace(fb, cu_seqlens_q=cu, kv_lens=sub_kv, input_ids=fb.input_ids[tokens])
+        max_q, max_kv = int(sub_q.max()), int(sub_kv.max())
+        meta = TorchAttentionMeta(None, None, num_seqs=len(seqs), max_q=max_q, **_padding(sub, max_q, max_kv, device))
+        as_tensor = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
+        groups.append(QueryGroup(as_tensor(seqs), as_tensor(tokens), max_kv, meta))
+    return groups
 
 
 def _build_mask(fb: ForwardBatch, max_q: int, max_kv: int) -> np.ndarray | None:

@@ -16,8 +16,8 @@ from speculant.attention.batch import SeqInput
 from speculant.core import Batch, DraftProposal, Request, StepOutput, StepResult
 from speculant.engine.readout import read_step
 from speculant.executor.plan import TARGET, ForwardPlan
-from speculant.sampling.acceptance import accept_drafts, pad_ragged
-from speculant.sampling.sampler import processed_probs
+from speculant.sampling.acceptance import accept_drafts, accept_greedy, pad_ragged
+from speculant.sampling.sampler import SamplingTensors, processed_probs
 
 
 def verify_chain(engine, batch: Batch, proposal: DraftProposal) -> tuple[StepOutput, StepResult]:
@@ -26,11 +26,17 @@ def verify_chain(engine, batch: Batch, proposal: DraftProposal) -> tuple[StepOut
     inputs = [SeqInput([0] * (k + 1), r.num_computed_tokens, engine.pages.table(r.request_id), logits="all") for r, k in zip(requests, ks)]
     out = engine.executor.run(ForwardPlan(TARGET, inputs, input_ids=verify_ids(engine, requests, proposal)))
     logits = out.logits  # [sum(k_b + 1), V]
-    target_probs = _padded_target_probs(engine, batch, proposal, logits)
-    result = accept_drafts(
-        proposal.token_ids, torch.tensor(ks), proposal.draft_probs, target_probs,
-        [r.noise for r in requests], [r.num_tokens for r in requests], engine.generator,
-    )
+    st = engine.rows.tensors(requests)
+    if st.all_greedy:  # no probabilities, no noise
+        counts = torch.tensor([k + 1 for k in ks], device=logits.device)
+        argmax = pad_ragged(logits.argmax(-1), counts, proposal.token_ids.shape[1] + 1)  # [B, k_max + 1]
+        result = accept_greedy(proposal.token_ids, torch.tensor(ks), argmax)
+    else:
+        target_probs = _padded_target_probs(st, proposal, logits)
+        result = accept_drafts(
+            proposal.token_ids, torch.tensor(ks), proposal.draft_probs, target_probs,
+            [r.noise for r in requests], [r.num_tokens for r in requests], engine.generator,
+        )
     offsets = row_offsets([k + 1 for k in ks])
     bonus = result.token_ids.gather(1, result.num_accepted[:, None])[:, 0]  # [B]
     starts = [r.num_computed_tokens for r in requests]
@@ -56,11 +62,10 @@ def verify_ids(engine, requests: list[Request], proposal: DraftProposal) -> torc
     return grid.index_select(0, torch.tensor(flat, device=device))
 
 
-def _padded_target_probs(engine, batch: Batch, proposal: DraftProposal, logits: torch.Tensor) -> torch.Tensor:
+def _padded_target_probs(st: SamplingTensors, proposal: DraftProposal, logits: torch.Tensor) -> torch.Tensor:
     """[B, k_max + 1, V] processed target distributions at each drafted position and the bonus."""
     counts = [k + 1 for k in proposal.num_drafts]
-    st = engine.rows.tensors(batch.requests).repeat_interleave(counts)
-    probs = processed_probs(logits, st)  # [sum(k_b + 1), V]
+    probs = processed_probs(logits, st.repeat_interleave(counts))  # [sum(k_b + 1), V]
     return pad_ragged(probs, torch.tensor(counts, device=logits.device), proposal.token_ids.shape[1] + 1)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import weakref
 from types import SimpleNamespace
 
 import torch
@@ -14,10 +15,21 @@ from speculant.executor.model_runner import ModelRunner
 from speculant.models.registry import create_model
 
 
+# Loaded models by (checkpoint, device, dtype, weights mode), while some engine holds them: engines
+# built from one checkpoint object (`speculant bench`'s one engine per method) share its weights
+# instead of each widening, quantizing and packing its own copy. A model holds only weights.
+_LOADED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
 def build_runner(checkpoint, model_config: ModelConfig) -> ModelRunner:
     device, dtype = torch.device(model_config.device), model_config.torch_dtype
-    model = create_model(checkpoint.arch, device, dtype, model_config.weights)
-    model.load_weights(checkpoint.weights)
+    key = (id(checkpoint), str(device), dtype, model_config.weights)
+    model = _LOADED.get(key)
+    if model is None or model.loaded_from() is not checkpoint:  # an id reused by another checkpoint
+        model = create_model(checkpoint.arch, device, dtype, model_config.weights)
+        model.load_weights(checkpoint.weights)
+        model.loaded_from = weakref.ref(checkpoint)
+        _LOADED[key] = model
     return ModelRunner(model, backend_for(model, model_config), device, dtype)
 
 

@@ -63,6 +63,23 @@ def accept_drafts(
     return AcceptResult(token_ids=token_ids, num_emitted=num_accepted + 1, num_accepted=num_accepted)
 
 
+def accept_greedy(
+    draft_token_ids: torch.Tensor,  # [B, k_max] int64, -1 past num_draft[b]
+    num_draft: torch.Tensor,  # [B] int64, k_b
+    target_argmax: torch.Tensor,  # [B, k_max + 1] int64, the target's argmax at each position
+) -> AcceptResult:
+    """`accept_drafts` for a batch whose every row is greedy (one-hot p): a draft is accepted iff
+    it is the target's argmax, whatever its q, and the token after the accepted ones is the
+    argmax there. No probabilities and no noise (the common greedy decode case)."""
+    k_max = draft_token_ids.shape[1]
+    num_draft = num_draft.to(draft_token_ids.device, torch.int64)
+    valid = torch.arange(k_max, device=draft_token_ids.device)[None, :] < num_draft[:, None]
+    num_accepted = ((draft_token_ids == target_argmax[:, :k_max]) & valid).long().cumprod(-1).sum(-1)
+    final = target_argmax.gather(1, num_accepted[:, None])[:, 0]
+    token_ids = _emitted_tokens(draft_token_ids, num_accepted, final)
+    return AcceptResult(token_ids=token_ids, num_emitted=num_accepted + 1, num_accepted=num_accepted)
+
+
 def _keyed_samples(draft_token_ids, num_draft, target_probs, noise, positions, keyed: list[int]):
     """(num_accepted [R], final [R]) of the seeded rows `keyed`: the target's keyed samples
     t_i = argmax(p_i / E_i), drafts accepted while they equal them, then t at the first miss."""

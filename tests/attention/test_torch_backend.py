@@ -86,7 +86,23 @@ MIXES = {
         Case(7, 7, tree_parents=[-1, 0, 0, 1, 2, 2, 4]),  # tree
         Case(0, 1),  # one-token prompt
     ],
+    "prefill_chunks_with_decodes": [  # long and short queries: one SDPA call per group
+        Case(3, 1),
+        Case(0, 20),
+        Case(11, 1),
+        Case(9, 5),
+        Case(2, 18),
+    ],
 }
+
+
+def test_long_and_short_queries_are_attended_in_groups() -> None:
+    cases = MIXES["prefill_chunks_with_decodes"]
+    fb = _run(cases)[1]
+    meta = TorchAttention(torch.device("cpu")).plan(fb, torch.device("cpu"))
+    assert [g.seqs.tolist() for g in meta.groups] == [[0, 2, 3], [1, 4]]
+    assert [g.meta.max_q for g in meta.groups] == [5, 20] and meta.mask is None
+    assert TorchAttention(torch.device("cpu")).plan(_run(MIXES["mixed"])[1], torch.device("cpu")).groups is None  # a tree
 
 
 @pytest.mark.parametrize("name", list(MIXES))

@@ -12,7 +12,7 @@ import pytest
 import torch
 from testkit import chi_square_pvalue
 
-from speculant.sampling.acceptance import accept_drafts, pad_ragged
+from speculant.sampling.acceptance import accept_drafts, accept_greedy, pad_ragged
 from speculant.sampling.params import SamplingParams
 from speculant.sampling.rng import PositionNoise, sample_from_weights
 from speculant.sampling.sampler import SamplingTensors, processed_probs
@@ -240,3 +240,20 @@ def test_pad_ragged() -> None:
     padded = pad_ragged(flat, torch.tensor([1, 3, 2]), width=3)
     assert padded[..., 0].tolist() == [[0, 0, 0], [1, 2, 3], [4, 5, 0]]
     assert padded.shape == (3, 3, 2)
+
+
+@pytest.mark.parametrize("sampled_draft", [False, True])
+def test_greedy_fast_path_equals_the_general_rule_on_one_hot_targets(sampled_draft):
+    gen = torch.Generator().manual_seed(3)
+    rows, k_max, vocab = 64, 5, 12
+    argmax = torch.randint(0, vocab, (rows, k_max + 1), generator=gen)
+    num_draft = torch.randint(0, k_max + 1, (rows,), generator=gen)
+    agree = torch.rand(rows, k_max, generator=gen) < 0.7
+    drafts = torch.where(agree, argmax[:, :k_max], torch.randint(0, vocab, (rows, k_max), generator=gen))
+    drafts = torch.where(torch.arange(k_max)[None, :] < num_draft[:, None], drafts, -1)
+    target = torch.nn.functional.one_hot(argmax, vocab).float()  # greedy rows: one-hot p
+    q = torch.rand(rows, k_max, vocab, generator=gen).softmax(-1) if sampled_draft else None
+    general = accept_drafts(drafts, num_draft, q, target, default_generator=gen)
+    fast = accept_greedy(drafts, num_draft, argmax)
+    assert torch.equal(fast.num_accepted, general.num_accepted) and torch.equal(fast.token_ids, general.token_ids)
+    assert 0 < fast.num_accepted.sum() < num_draft.sum()  # both accepts and rejections happened

@@ -55,8 +55,12 @@ def test_ngram_preemption_releases_tracker_state(target, plain_outputs):
     assert llm.engine.proposer.adaptive.tracker._counts == {}
 
 
+def test_adaptive_k_is_the_default(target):
+    assert tiny_llm(target, speculative="ngram").engine.proposer.adaptive is not None
+
+
 def test_without_adaptive_k_every_request_gets_the_configured_k(target):
-    llm = tiny_llm(target, speculative="ngram", num_draft_tokens=4)
+    llm = tiny_llm(target, speculative="ngram", num_draft_tokens=4, adaptive_k=False)
     llm.generate(PROMPTS[:1], GREEDY)
     assert set(llm.stats()["chosen_k_histogram"]) == {4}
     assert llm.engine.proposer.adaptive is None

@@ -25,7 +25,7 @@ def weak_draft():
 @pytest.mark.parametrize("k", [1, 3, 5])
 @pytest.mark.parametrize("batch_size", [1, 3, 8])
 def test_weak_draft_greedy_equals_plain(target, weak_draft, plain_outputs, k, batch_size):
-    llm = tiny_llm(target, weak_draft, num_draft_tokens=k)
+    llm = tiny_llm(target, weak_draft, num_draft_tokens=k, adaptive_k=False)
     outs = llm.generate(PROMPTS[:batch_size], GREEDY)
     assert [o.token_ids for o in outs] == plain_outputs[:batch_size]
     stats = llm.stats()
@@ -35,7 +35,7 @@ def test_weak_draft_greedy_equals_plain(target, weak_draft, plain_outputs, k, ba
 
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_target_as_own_draft_accepts_everything(target, plain_outputs, k):
-    llm = tiny_llm(target, target, num_draft_tokens=k)
+    llm = tiny_llm(target, target, num_draft_tokens=k, adaptive_k=False)
     outs = llm.generate(PROMPTS, GREEDY)
     assert [o.token_ids for o in outs] == plain_outputs
     stats = llm.stats()
@@ -47,7 +47,7 @@ def test_target_as_own_draft_accepts_everything(target, plain_outputs, k):
 
 
 def test_per_request_k_mixed_in_one_batch(target, weak_draft, plain_outputs):
-    llm = tiny_llm(target, weak_draft, num_draft_tokens=6)
+    llm = tiny_llm(target, weak_draft, num_draft_tokens=6, adaptive_k=False)
     params = [SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, num_draft_tokens=k) for k in (0, 1, 4, 2, 6, 3, 0, 5)]
     outs = llm.generate(PROMPTS, params)
     assert [o.token_ids for o in outs] == plain_outputs
@@ -55,7 +55,7 @@ def test_per_request_k_mixed_in_one_batch(target, weak_draft, plain_outputs):
 
 
 def test_preemption_during_speculation_keeps_outputs(target, weak_draft, plain_outputs):
-    llm = tiny_llm(target, weak_draft, num_draft_tokens=3, num_pages=24)
+    llm = tiny_llm(target, weak_draft, num_draft_tokens=3, num_pages=24, adaptive_k=False)
     outs = llm.generate(PROMPTS, GREEDY)
     assert [o.token_ids for o in outs] == plain_outputs
     assert llm.stats()["preemptions"] > 0
@@ -63,7 +63,7 @@ def test_preemption_during_speculation_keeps_outputs(target, weak_draft, plain_o
 
 
 def test_draft_kv_equals_fresh_prefill(target, weak_draft):
-    llm = tiny_llm(target, weak_draft, num_draft_tokens=3)
+    llm = tiny_llm(target, weak_draft, num_draft_tokens=3, adaptive_k=False)
     engine = llm.engine
     for prompt in PROMPTS[:4]:
         engine.add_request(prompt, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))

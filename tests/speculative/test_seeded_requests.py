@@ -35,8 +35,8 @@ def _llm(models, method: str, seed: int):
     target, draft = models
     options = dict(METHODS[method])
     if options.pop("speculative") == "draft":
-        return tiny_llm(target, draft, num_draft_tokens=3, seed=seed, **options)
-    return tiny_llm(target, speculative="ngram", num_draft_tokens=3, seed=seed)
+        return tiny_llm(target, draft, num_draft_tokens=3, seed=seed, adaptive_k=False, **options)
+    return tiny_llm(target, speculative="ngram", num_draft_tokens=3, seed=seed, adaptive_k=False)
 
 
 @pytest.mark.parametrize("method", list(METHODS))
@@ -60,7 +60,7 @@ def test_speculation_leaves_a_seeded_request_unchanged(models, method):
     options = dict(METHODS[method])
     method_name = options.pop("speculative")
     drafter = draft if method_name == "draft" else None
-    fixed = tiny_llm(target, drafter, speculative=method_name, num_draft_tokens=3, seed=4, **options)
+    fixed = tiny_llm(target, drafter, speculative=method_name, num_draft_tokens=3, seed=4, adaptive_k=False, **options)
     out = fixed.generate([SEEDED_PROMPT], SEEDED)[0]
     assert out.token_ids == plain
     assert 0 < out.stats.accepted_tokens < out.stats.draft_tokens

@@ -92,14 +92,14 @@ def first_acceptance_rates(models, params: SamplingParams, draft_sampling: str, 
 
 def sample_spec(models, params: SamplingParams, draft_sampling: str, **llm_options) -> SpecRun:
     target, draft = models
-    llm = tiny_llm(target, draft, draft_sampling=draft_sampling, **SAMPLING_ENGINE, **llm_options)
+    llm = tiny_llm(target, draft, draft_sampling=draft_sampling, **{**SAMPLING_ENGINE, **llm_options})
     try:
         return run_samples(llm, params)
     finally:
         llm.close()
 
 
-SAMPLING_ENGINE = dict(num_draft_tokens=NUM_DRAFTS, seed=11, num_pages=4096, max_num_seqs=1024, max_num_batched_tokens=8192)
+SAMPLING_ENGINE = dict(num_draft_tokens=NUM_DRAFTS, adaptive_k=False, seed=11, num_pages=4096, max_num_seqs=1024, max_num_batched_tokens=8192)
 
 
 def run_samples(llm, params: SamplingParams) -> SpecRun:

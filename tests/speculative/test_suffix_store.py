@@ -67,7 +67,7 @@ PROMPT = [5, 6, 7, 8, 9]
 @pytest.mark.parametrize("store_tokens", [0, 4096])
 def test_repeated_requests_draft_from_the_store_losslessly(target, store_tokens):
     plain = tiny_llm(target).generate([PROMPT], GREEDY)[0].token_ids
-    llm = tiny_llm(target, speculative="ngram", num_draft_tokens=4, ngram_store_tokens=store_tokens)
+    llm = tiny_llm(target, speculative="ngram", num_draft_tokens=4, ngram_store_tokens=store_tokens, adaptive_k=False)
     first = llm.generate([PROMPT], GREEDY)[0]
     again = llm.generate([PROMPT], GREEDY)[0]
     assert first.token_ids == again.token_ids == plain
@@ -79,7 +79,7 @@ def test_repeated_requests_draft_from_the_store_losslessly(target, store_tokens)
 
 def test_other_users_outputs_are_not_matched_unless_shared(target):
     for shared, expect_faster in ((False, False), (True, True)):
-        llm = tiny_llm(target, speculative="ngram", num_draft_tokens=4, ngram_share_store=shared)
+        llm = tiny_llm(target, speculative="ngram", num_draft_tokens=4, ngram_share_store=shared, adaptive_k=False)
         engine = llm.engine
         engine.add_request(PROMPT, GREEDY, user="alice")
         while engine.has_unfinished():
