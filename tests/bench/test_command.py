@@ -11,7 +11,7 @@ from testkit import TinyCheckpoint
 from speculant.bench.command import BenchOptions, run_bench
 from speculant.config_options import build_engine_config
 
-BASE = {"model": "tiny", "page_size": 4, "num_pages": 512, "num_draft_tokens": 3}
+BASE = {"model": "tiny", "page_size": 4, "num_pages": 512, "num_draft_tokens": 3, "adaptive_k": False}  # every step at k
 
 
 def _mt_bench(tmp_path):

@@ -73,7 +73,7 @@ def config(method: str) -> EngineConfig:
         model=ModelConfig(model="tiny"),
         cache=CacheConfig(page_size=PAGE, memory_budget=BUDGET),
         scheduler=SchedulerConfig(max_num_seqs=BATCH, max_num_batched_tokens=64),
-        speculative=SpeculativeConfig(method=method, num_draft_tokens=K, draft=draft),
+        speculative=SpeculativeConfig(method=method, num_draft_tokens=K, adaptive_k=False, draft=draft),  # every step at k
     )
 
 

@@ -28,7 +28,7 @@ def target():
 def llm_for(method: str, target, **options):
     kwargs = {**METHODS[method], **options}
     draft = noisy_copy(target) if kwargs.get("speculative") == "draft" else None
-    return tiny_llm(target, draft, **kwargs)
+    return tiny_llm(target, draft, **{"adaptive_k": False, **kwargs})  # the same k's serial and overlapped
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -44,7 +44,7 @@ def fresh_draft_logits(draft_hf, config, tokens: list[int], page_size: int) -> t
     [("greedy", 0.0, 256), ("sample", 1.0, 256), ("greedy", 0.0, 16)],  # the last one preempts
 )
 def test_carried_logits_equal_fresh_draft_after_every_step(target, weak_draft, draft_sampling, temperature, num_pages):
-    llm = tiny_llm(target, weak_draft, num_draft_tokens=3, draft_sampling=draft_sampling, num_pages=num_pages, seed=3)
+    llm = tiny_llm(target, weak_draft, num_draft_tokens=3, draft_sampling=draft_sampling, num_pages=num_pages, seed=3, adaptive_k=False)
     engine, proposer = llm.engine, llm.engine.proposer
     for prompt in PROMPTS:
         engine.add_request(prompt, SamplingParams(max_tokens=16, temperature=temperature, ignore_eos=True))
