@@ -19,6 +19,9 @@ from speculant.speculative.cost_model import MovingAverage, StepCostModel
 from speculant.speculative.k_chooser import choose_k
 
 
+MARGIN = 0.05  # predicted gain over plain decoding needed to speculate (the model's typical error)
+
+
 class AdaptiveK:
     def __init__(self, draft_forwards: Callable[[Sequence[int]], int], draft_forward_prior_s: float = 0.0) -> None:
         self.draft_forwards = draft_forwards  # draft-model forwards a step with these k's runs while proposing
@@ -36,7 +39,7 @@ class AdaptiveK:
         alphas = [self.tracker.alphas(r.request_id, k, key) for r, k, key in zip(requests, k_max, keys)]
         self._context, self._draft_s = context, 0.0
         self._keys = {r.request_id: key for r, k, key in zip(requests, k_max, keys) if k > 0}
-        return choose_k(alphas, k_max, lambda ks: self.step_seconds(ks, context))
+        return choose_k(alphas, k_max, lambda ks: self.step_seconds(ks, context), MARGIN)
 
     def step_seconds(self, ks: Sequence[int], context: int) -> float:
         return self.cost.predict(ks, context) + self.draft_forward_s.value * self.draft_forwards(ks)

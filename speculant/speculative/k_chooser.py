@@ -32,14 +32,17 @@ def choose_k(
     alphas: Sequence[Sequence[float]],  # [B][k_max_b] P(slot i accepted | slots < i accepted)
     k_max: Sequence[int],  # [B] upper bound per request (0: this request does not speculate)
     step_cost: Callable[[list[int]], float],  # per-request k's -> seconds for the whole step
+    margin: float = 0.0,  # speculate only when the predicted rate beats plain decoding by this fraction
 ) -> list[int]:
-    """Per-request k maximising sum_b E[emitted_b] / step_cost(k); ties keep the smaller k's."""
+    """Per-request k maximising sum_b E[emitted_b] / step_cost(k); ties keep the smaller k's.
+    With a margin, the best allocation must beat all k = 0 by that fraction, so that an
+    estimate a few percent too optimistic cannot make speculation cost more than it brings."""
     ks = [0] * len(k_max)
     survive = [1.0] * len(k_max)
     gains = [(-_at(alphas[b], 0), b) for b in range(len(k_max)) if k_max[b] > 0]
     heapq.heapify(gains)
     tokens = float(len(k_max))
-    best, best_rate = list(ks), tokens / step_cost(ks)
+    best, best_rate = list(ks), tokens / step_cost(ks) * (1 + margin)
     while gains:
         neg_gain, b = heapq.heappop(gains)
         if neg_gain >= 0:  # nothing left that could be accepted

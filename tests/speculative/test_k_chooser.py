@@ -37,6 +37,14 @@ def test_expensive_verification_turns_speculation_off():
     assert choose_k([[0.4]], [4], lambda ks: 1.0 + sum(ks)) == [0]
 
 
+def test_a_margin_keeps_plain_decoding_unless_speculation_gains_more():
+    cost = linear_cost(1.0, 0.1)  # one row costs 1.1, two 1.2
+    assert choose_k([[0.2]], [1], cost) == [1]  # 1.2 / 1.2 = 1.0 > 1 / 1.1 = 0.909: +10%
+    assert choose_k([[0.2]], [1], cost, margin=0.05) == [1]
+    assert choose_k([[0.2]], [1], cost, margin=0.15) == [0]  # +10% is below the margin
+    assert choose_k([[1.0] * 4], [4], cost, margin=0.15) == [4]
+
+
 def test_requests_without_room_are_left_at_zero():
     assert choose_k([[1.0], [1.0]], [0, 3], lambda ks: 1.0) == [0, 3]
 
