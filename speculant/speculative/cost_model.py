@@ -19,7 +19,8 @@ engine, no torch.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import bisect
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -85,6 +86,21 @@ class StepCostModel:
         f = np.maximum.accumulate(self.theta[:-1])
         theta = np.concatenate([f, [max(0.0, self.theta[-1])]])
         return max(1e-6, float(features(ks, context_tokens) @ theta))
+
+    def curve(self, context_tokens: int) -> Callable[[int], float]:
+        """M -> `predict` of a step with M rows at this context, without numpy per call (the k
+        chooser asks it once per draft slot it considers)."""
+        f = np.maximum.accumulate(self.theta[:-1]).tolist()
+        extra = max(0.0, float(self.theta[-1])) * context_tokens / 1000.0
+        last = len(KNOTS) - 2
+
+        def seconds(m: int) -> float:
+            m = max(1, m)
+            j = min(bisect.bisect_right(KNOTS, m) - 1, last)
+            w = (m - KNOTS[j]) / (KNOTS[j + 1] - KNOTS[j])
+            return max(1e-6, (1.0 - w) * f[j] + w * f[j + 1] + extra)
+
+        return seconds
 
     def update(self, ks: Sequence[int], context_tokens: int, seconds: float) -> None:
         """One recursive-least-squares step towards a measured step time."""

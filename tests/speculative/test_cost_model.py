@@ -74,3 +74,11 @@ def test_moving_average_starts_at_the_prior_then_follows():
     for _ in range(100):
         avg.update(0.3)
     assert avg.value == pytest.approx(0.3, rel=1e-3)
+
+
+def test_the_curve_equals_predict():
+    model = StepCostModel.calibrated([([k], 64, cpu_like(k + 1)) for k in (0, 1, 2, 3, 8)] + [([0] * 8, 512, 0.2)])
+    model.theta[3] -= 0.01  # a dip the prediction smooths away
+    curve = model.curve(700)
+    for ks in ([0], [1], [3], [7], [2] * 5, [0] * 40, [8] * 300):
+        assert curve(sum(k + 1 for k in ks)) == pytest.approx(model.predict(ks, 700), rel=1e-12)
