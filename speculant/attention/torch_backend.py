@@ -4,8 +4,9 @@ The plan gathers slot indices and builds one boolean mask per forward on the hos
 does two gathers and one `scaled_dot_product_attention` call whatever the mix of prefill, decode,
 verification or tree tokens in the batch. Padding every sequence to the longest query would make
 a prefill chunk of C tokens cost every decoding sequence of the batch C query rows over its whole
-context, so a causal batch mixing short queries (decode, verification: at most `SHORT_Q` tokens)
-with long ones (prefill chunks) runs one SDPA call per group.
+context (and one sequence verifying k drafts cost every other k + 1), so a causal batch mixing
+one-token queries, verification (at most `SHORT_Q` tokens) and prefill chunks runs one SDPA call
+per kind.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class QueryGroup:
     meta: TorchAttentionMeta  # the group's mask and padding, as if it were the whole batch
 
 
-SHORT_Q = 16  # queries of at most this many tokens are grouped apart from longer ones
+SHORT_Q = 16  # queries of 2 to this many tokens (verification) form one group, longer ones another
 
 
 class TorchAttention(AttentionBackend):
@@ -134,13 +135,17 @@ def _padding(fb: ForwardBatch, max_q: int, max_kv: int, device: torch.device) ->
 
 
 def _groups(fb: ForwardBatch, device: torch.device) -> list[QueryGroup] | None:
-    """Short and long queries apart, for a causal batch holding both (else None)."""
+    """Sequences by query length (one token, up to `SHORT_Q`, longer), for a causal batch
+    holding more than one kind (else None): one verifying sequence does not pad every decoding
+    one to its length, nor a prefill chunk every verifying one."""
     q_lens = fb.q_lens
-    short = q_lens <= SHORT_Q
-    if len(fb.custom_mask) or short.all() or not short.any():
+    bucket = np.where(q_lens == 1, 0, np.where(q_lens <= SHORT_Q, 1, 2))
+    kinds = np.unique(bucket)
+    if len(fb.custom_mask) or len(kinds) == 1:
         return None
     groups = []
-    for seqs in (np.flatnonzero(short), np.flatnonzero(~short)):
+    for kind in kinds:
+        seqs = np.flatnonzero(bucket == kind)
         sub_q, sub_kv = q_lens[seqs], fb.kv_lens[seqs]
         starts = fb.cu_seqlens_q[seqs]
         tokens = np.concatenate([np.arange(a, a + n) for a, n in zip(starts, sub_q)])

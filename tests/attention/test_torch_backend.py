@@ -100,8 +100,8 @@ def test_long_and_short_queries_are_attended_in_groups() -> None:
     cases = MIXES["prefill_chunks_with_decodes"]
     fb = _run(cases)[1]
     meta = TorchAttention(torch.device("cpu")).plan(fb, torch.device("cpu"))
-    assert [g.seqs.tolist() for g in meta.groups] == [[0, 2, 3], [1, 4]]
-    assert [g.meta.max_q for g in meta.groups] == [5, 20] and meta.mask is None
+    assert [g.seqs.tolist() for g in meta.groups] == [[0, 2], [3], [1, 4]]  # decode, verification, prefill
+    assert [g.meta.max_q for g in meta.groups] == [1, 5, 20] and meta.mask is None
     assert TorchAttention(torch.device("cpu")).plan(_run(MIXES["mixed"])[1], torch.device("cpu")).groups is None  # a tree
 
 
