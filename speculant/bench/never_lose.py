@@ -81,7 +81,7 @@ def batched_rows(runs: list[dict]) -> list[dict]:
 
 def markdown(b1: list[dict], batched: list[dict]) -> str:
     ks = sorted({k for r in b1 for k in r["fixed"]})
-    head = "| method | category | plain tok/s | " + " | ".join(f"k={k}" for k in ks) + " | adaptive | τ | vs plain | vs best fixed |"
+    head = "| method | category | plain tok/s | " + " | ".join(f"k={k}" for k in ks) + " | adaptive | τ | passes | vs best fixed |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in sorted(b1, key=lambda r: (r["family"], r["category"] != "all", r["category"])):
         fixed = " | ".join(f"{r['fixed'][k]:.2f}x" if k in r["fixed"] else "–" for k in ks)
