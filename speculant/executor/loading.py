@@ -14,7 +14,6 @@ from speculant.config import EngineConfig, ModelConfig
 from speculant.executor.model_runner import ModelRunner
 from speculant.models.registry import create_model
 
-
 # Loaded models by (checkpoint, device, dtype, weights mode), while some engine holds them: engines
 # built from one checkpoint object (`speculant bench`'s one engine per method) share its weights
 # instead of each widening, quantizing and packing its own copy. A model holds only weights.

@@ -18,7 +18,6 @@ from speculant.speculative.acceptance_tracker import AcceptanceTracker
 from speculant.speculative.cost_model import MovingAverage, StepCostModel
 from speculant.speculative.k_chooser import choose_k
 
-
 MARGIN = 0.05  # predicted gain over plain decoding needed to speculate (the model's typical error)
 
 

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import json
 
-from speculant.bench.never_lose import batch1_rows, batched_rows, load_runs, main, markdown, parse_method
+from speculant.bench.never_lose import (
+    batch1_rows,
+    batched_rows,
+    load_runs,
+    main,
+    markdown,
+    parse_method,
+)
 
 
 def _row(method, batch, category, speedup, tok_s=10.0, tau=1.5):
