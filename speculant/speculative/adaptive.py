@@ -38,11 +38,12 @@ class AdaptiveK:
         alphas = [self.tracker.alphas(r.request_id, k, key) for r, k, key in zip(requests, k_max, keys)]
         self._context, self._draft_s = context, 0.0
         self._keys = {r.request_id: key for r, k, key in zip(requests, k_max, keys) if k > 0}
-        target, per_draft = self.cost.curve(context), self.draft_forward_s.value
-        return choose_k(alphas, k_max, lambda ks: target(sum(ks) + len(ks)) + per_draft * self.draft_forwards(ks), MARGIN)
+        return choose_k(alphas, k_max, self.cost_of(context), MARGIN)
 
-    def step_seconds(self, ks: Sequence[int], context: int) -> float:
-        return self.cost.predict(ks, context) + self.draft_forward_s.value * self.draft_forwards(ks)
+    def cost_of(self, context: int) -> Callable[[Sequence[int]], float]:
+        """Per-request k's -> predicted seconds of this step (target and draft)."""
+        target, per_draft = self.cost.curve(context), self.draft_forward_s.value
+        return lambda ks: target(sum(ks) + len(ks)) + per_draft * self.draft_forwards(ks)
 
     def not_decoding(self) -> None:
         self._context = None

@@ -27,7 +27,7 @@ import speculant.engine.engine as engine_module
 from speculant import SamplingParams
 from speculant.sampling.acceptance import AcceptResult, accept_drafts
 from speculant.sampling.sampler import SamplingTensors, processed_probs
-from speculant.speculative.cost_model import MovingAverage, StepCostModel
+from speculant.speculative.adaptive import AdaptiveK
 
 ALPHA = 1e-3
 MAX_Z = 4.0  # acceptance-rate tolerance in binomial standard errors
@@ -201,8 +201,7 @@ def test_speculative_sampling_matches_target_with_adaptive_k(models, monkeypatch
     """k chosen per request and step from the request's past outcomes keeps the target's law.
     The step cost is a fixed function (a step per request, a verified token 0.3 of one) so the
     choices, and the test, do not depend on the machine's load."""
-    monkeypatch.setattr(StepCostModel, "predict", lambda self, ks, context: len(ks) + 0.3 * sum(k + 1 for k in ks))
-    monkeypatch.setattr(MovingAverage, "update", lambda self, x: None)  # no draft cost
+    monkeypatch.setattr(AdaptiveK, "cost_of", lambda self, context: lambda ks: len(ks) + 0.3 * sum(k + 1 for k in ks))
     pair, params, draft_sampling = _case(models, "t0.7-topk-topp-greedy-self-draft")
     params = dataclasses.replace(params, max_tokens=NUM_DRAFTS + 3)  # room for a full chain after a plain step
     run_ks = []
