@@ -72,10 +72,9 @@ class TorchAttention(AttentionBackend):
         pages = fb.page_table[:, np.minimum(key_pos // fb.page_size, fb.page_table.shape[1] - 1)]
         kv_gather = np.where(key_pos < kv_lens[:, None], pages * fb.page_size + key_pos % fb.page_size, 0)
         groups = _groups(fb, device)
-        as_tensor = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
         return TorchAttentionMeta(
-            slot_mapping=as_tensor(fb.slot_mapping),
-            kv_gather=as_tensor(kv_gather),
+            slot_mapping=_as_tensor(device, fb.slot_mapping),
+            kv_gather=_as_tensor(device, kv_gather),
             num_seqs=num_seqs,
             max_q=max_q,
             groups=groups,
@@ -122,6 +121,10 @@ def attend_gathered(
     return out if meta.q_scatter is None else out.index_select(0, meta.q_scatter)
 
 
+def _as_tensor(device: torch.device, a: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(a)).to(device)
+
+
 def _padding(fb: ForwardBatch, max_q: int, max_kv: int, device: torch.device) -> dict:
     """The mask ([B, 1, Q, L] or None) and the padded row of each token (None if unpadded)."""
     num_seqs, q_lens = fb.num_seqs, fb.q_lens
@@ -130,8 +133,7 @@ def _padding(fb: ForwardBatch, max_q: int, max_kv: int, device: torch.device) ->
         seq_of_token = np.repeat(np.arange(num_seqs), q_lens)
         q_scatter = seq_of_token * max_q + np.arange(fb.num_tokens) - fb.cu_seqlens_q[seq_of_token]
     mask = _build_mask(fb, max_q, max_kv)
-    as_tensor = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
-    return {"mask": None if mask is None else as_tensor(mask[:, None]), "q_scatter": None if q_scatter is None else as_tensor(q_scatter)}
+    return {"mask": None if mask is None else _as_tensor(device, mask[:, None]), "q_scatter": None if q_scatter is None else _as_tensor(device, q_scatter)}
 
 
 def _groups(fb: ForwardBatch, device: torch.device) -> list[QueryGroup] | None:
@@ -153,8 +155,7 @@ def _groups(fb: ForwardBatch, device: torch.device) -> list[QueryGroup] | None:
         sub = dataclasses.replace(fb, cu_seqlens_q=cu, kv_lens=sub_kv, input_ids=fb.input_ids[tokens])
         max_q, max_kv = int(sub_q.max()), int(sub_kv.max())
         meta = TorchAttentionMeta(None, None, num_seqs=len(seqs), max_q=max_q, **_padding(sub, max_q, max_kv, device))
-        as_tensor = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
-        groups.append(QueryGroup(as_tensor(seqs), as_tensor(tokens), max_kv, meta))
+        groups.append(QueryGroup(_as_tensor(device, seqs), _as_tensor(device, tokens), max_kv, meta))
     return groups
 
 

@@ -83,9 +83,7 @@ class StepCostModel:
     def predict(self, ks: Sequence[int], context_tokens: int) -> float:
         """Seconds for the target's part of a decode step (never below a microsecond); more rows
         or more context never cost less."""
-        f = np.maximum.accumulate(self.theta[:-1])
-        theta = np.concatenate([f, [max(0.0, self.theta[-1])]])
-        return max(1e-6, float(features(ks, context_tokens) @ theta))
+        return self.curve(context_tokens)(rows(ks))
 
     def curve(self, context_tokens: int) -> Callable[[int], float]:
         """M -> `predict` of a step with M rows at this context, without numpy per call (the k
