@@ -8,6 +8,9 @@ Logits must agree to LOGIT_ATOL; greedy sequences may part only at a proven near
 
 from __future__ import annotations
 
+import json
+import pathlib
+
 import pytest
 import torch
 from greedy_compare import assert_greedy_match, engine_logits_fn, step_logits_fn
@@ -29,9 +32,19 @@ def setup():
     checkpoint = load_checkpoint("smollm2-135m")
     hf = hf_twin(checkpoint)
     llm = LLM(model="smollm2-135m", checkpoint=checkpoint, page_size=4, max_num_batched_tokens=2048)
-    prompts = [llm.apply_chat_template([{"role": "user", "content": p}]) for p in load_prompts("mt_bench", 6)]
+    prompts = [llm.apply_chat_template([{"role": "user", "content": p}]) for p in _chat_prompts(6)]
     prompts.append(llm.tokenizer.encode("The capital of France is"))
     return llm, hf, prompts
+
+
+def _chat_prompts(n: int) -> list[str]:
+    """MT-bench's first turns; without the shared data beside the checkout, the project's own chat prompts."""
+    try:
+        return load_prompts("mt_bench", n)
+    except FileNotFoundError:
+        path = pathlib.Path(__file__).resolve().parents[2] / "data" / "prompts" / "categories.jsonl"
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        return [r["prompt"] for r in rows if r["category"] == "chat"][:n]
 
 
 def test_prompt_logits_match_transformers(setup):

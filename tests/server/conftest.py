@@ -52,7 +52,7 @@ def ngram_server(tiny_checkpoint) -> Iterator[RunningServer]:
 
 @pytest.fixture(scope="session")
 def draft_server(tiny_checkpoint, tiny_model) -> Iterator[RunningServer]:
-    spec = SpeculativeConfig(method="draft", draft=DraftModelConfig(model="tiny-self"), num_draft_tokens=3)
+    spec = SpeculativeConfig(method="draft", draft=DraftModelConfig(model="tiny-self"), num_draft_tokens=3, adaptive_k=False)
     with serve(
         tiny_checkpoint, engine_config(spec), draft_checkpoint=TinyCheckpoint(tiny_model)
     ) as running:
