@@ -1,14 +1,17 @@
-"""Acceptance by draft slot, per request and per kind of draft, smoothed with a pooled prior.
+"""Acceptance by draft slot, per request and per kind of draft, smoothed toward pooled evidence.
 
 alpha_i = P(slot i accepted | slots < i accepted). Outcomes are counted under a key that the
 proposer gives each draft (an n-gram proposer: the length of the suffix that matched; a draft
-model: none), both for the request alone and pooled over every request:
+model: none), for the request alone, pooled per key over every request, and pooled over all keys.
+Each level shrinks toward the one above it with strength s = prior_accept + prior_reject:
 
-    pooled_i(key)      = (prior_accept + pooled accepted_i) / (prior_accept + prior_reject + pooled reached_i)
-    alpha_i(req, key)  = (s * pooled_i(key) + accepted_i) / (s + reached_i),   s = prior_accept + prior_reject
+    all_i              = (s * all_{i-1} + accepted_i) / (s + reached_i),   all_{-1} = prior mean
+    pooled_i(key)      = (s * all_i + pooled accepted_i) / (s + pooled reached_i)
+    alpha_i(req, key)  = (s * pooled_i(key) + accepted_i) / (s + reached_i)
 
-So a new request starts from what drafts of its kind have been worth lately (at first the
-optimistic but weak Beta(0.8, 0.2) prior), and its own outcomes take over within a few steps.
+So a new request starts from what drafts of its kind have been worth lately, a new kind from what
+all drafts have, and a slot no draft has reached yet from the slot before it (at first the
+optimistic but weak Beta(0.8, 0.2) prior); a request's own outcomes take over within a few steps.
 Counts decay on every outcome (recent steps weigh most). While a request does not speculate, its
 own and the pooled evidence fade further, so speculation is probed again now and then instead of
 staying at k = 0 for good.
@@ -18,6 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from speculant.core import count_by_position
 
@@ -33,9 +38,14 @@ class _Counts:
 
     def rate(self, i: int, prior_accept: float, prior_total: float) -> float:
         """(prior_accept + accepted_i) / (prior_total + reached_i)."""
+        a, total = self.evidence(i, prior_accept, prior_total)
+        return a / total
+
+    def evidence(self, i: int, prior_accept: float, prior_total: float) -> tuple[float, float]:
+        """(prior_accept + accepted_i, prior_total + reached_i)."""
         if i >= len(self.reached):
-            return prior_accept / prior_total
-        return (prior_accept + self.accepted[i]) / (prior_total + self.reached[i])
+            return prior_accept, prior_total
+        return prior_accept + self.accepted[i], prior_total + self.reached[i]
 
 
 class AcceptanceTracker:
@@ -44,7 +54,7 @@ class AcceptanceTracker:
         prior_accept: float = 0.8,
         prior_reject: float = 0.2,
         decay: float = 0.95,
-        idle_decay: float = 0.99,
+        idle_decay: float = 0.9,
         pooled_decay: float = 0.995,
         pooled_idle_decay: float = 0.98,
     ) -> None:
@@ -53,13 +63,34 @@ class AcceptanceTracker:
         self.pooled_decay, self.pooled_idle_decay = pooled_decay, pooled_idle_decay
         self._counts: dict[str, dict[Hashable, _Counts]] = {}  # request id -> key -> its own outcomes
         self._pooled: dict[Hashable, _Counts] = {}  # key -> every request's outcomes
+        self._all = _Counts()  # every request's outcomes, whatever their key
 
     def alphas(self, request_id: str, k: int, key: Hashable = None) -> list[float]:
         """[k] smoothed conditional acceptance of slots 0..k-1 for a draft of this key."""
+        return [a / (a + b) for a, b in self._posterior(request_id, k, key)]
+
+    def draw(self, request_id: str, k: int, key: Hashable, rng: np.random.Generator) -> list[float]:
+        """[k] one draw of each slot's acceptance from the request's Beta posterior (Thompson
+        sampling): a request whose own evidence is thin, or has faded while it did not
+        speculate, now and then draws high enough to try drafts again, and how often depends on
+        what drafts of its kind are worth, so a low estimate from a few early rejections is not
+        kept for good."""
+        if k <= 0:
+            return []
+        ab = np.maximum(np.array(self._posterior(request_id, k, key)), 1e-3)  # [k, 2]
+        return rng.beta(ab[:, 0], ab[:, 1]).tolist()
+
+    def _posterior(self, request_id: str, k: int, key: Hashable) -> list[tuple[float, float]]:
+        """[k] (a, b): Beta(a, b) of each slot at the request's level, its prior the pooled mean."""
         s = self.prior_accept + self.prior_reject
         pooled = self._pooled.get(key, _Counts())
         own = self._counts.get(request_id, {}).get(key, _Counts())
-        return [own.rate(i, s * pooled.rate(i, self.prior_accept, s), s) for i in range(k)]
+        out, above = [], self.prior_accept / s
+        for i in range(k):
+            above = self._all.rate(i, s * above, s)  # all keys: the slot before is the prior
+            a, total = own.evidence(i, s * pooled.rate(i, s * above, s), s)
+            out.append((a, total - a))
+        return out
 
     def record(self, request_id: str, num_drafts: int, num_accepted: int, key: Hashable = None) -> None:
         """One verify: slots 0..num_accepted were reached, the first num_accepted accepted."""
@@ -68,7 +99,8 @@ class AcceptanceTracker:
         pooled = self._pooled.setdefault(key, _Counts())
         own.scale(self.decay)
         pooled.scale(self.pooled_decay)
-        for c in (own, pooled):
+        self._all.scale(self.pooled_decay)
+        for c in (own, pooled, self._all):
             count_by_position(c.reached, c.accepted, num_reached, num_accepted)
 
     def idle(self, request_id: str) -> None:
@@ -80,7 +112,7 @@ class AcceptanceTracker:
     def idle_step(self) -> None:
         """A decode step where some request could have speculated and did not: the pooled
         evidence fades toward the prior (once per step, whatever the batch size)."""
-        for c in self._pooled.values():
+        for c in (*self._pooled.values(), self._all):
             c.scale(self.pooled_idle_decay)
 
     def release(self, request_id: str) -> None:

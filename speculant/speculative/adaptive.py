@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 
+import numpy as np
+
 from speculant.core import Request, StepResult
 from speculant.speculative.acceptance_tracker import AcceptanceTracker
 from speculant.speculative.cost_model import MovingAverage, StepCostModel
@@ -25,8 +27,10 @@ class AdaptiveK:
     def __init__(self, draft_forwards: Callable[[Sequence[int]], int], draft_forward_prior_s: float = 0.0) -> None:
         self.draft_forwards = draft_forwards  # draft-model forwards a step with these k's runs while proposing
         self.tracker = AcceptanceTracker()
+        self.rng = np.random.default_rng(0)  # Thompson draws of acceptance (k's only; tokens never depend on them)
         self.cost = StepCostModel()
         self.draft_forward_s = MovingAverage(draft_forward_prior_s)
+        self.feed_s = MovingAverage(0.0)  # seconds the proposer spends after every decode step (a draft's KV refill)
         self._context = None  # context tokens of the decode step being taken; None: not a decode step
         self._keys: dict[str, Hashable] = {}  # request id -> key of the drafts on offer this step (offered only)
         self._draft_s = 0.0  # seconds this step spent proposing
@@ -35,15 +39,15 @@ class AdaptiveK:
         """Each request's k this step; k_max[b]: drafts on offer (0: none), keys[b]: their kind."""
         keys = [None] * len(requests) if keys is None else keys
         context = sum(r.num_computed_tokens for r in requests)
-        alphas = [self.tracker.alphas(r.request_id, k, key) for r, k, key in zip(requests, k_max, keys)]
+        alphas = [self.tracker.draw(r.request_id, k, key, self.rng) for r, k, key in zip(requests, k_max, keys)]
         self._context, self._draft_s = context, 0.0
         self._keys = {r.request_id: key for r, k, key in zip(requests, k_max, keys) if k > 0}
-        return choose_k(alphas, k_max, self.cost_of(context), MARGIN)
+        return choose_k(alphas, k_max, self.cost_of(context, len(requests)), MARGIN)
 
-    def cost_of(self, context: int) -> Callable[[Sequence[int]], float]:
-        """Per-request k's -> predicted seconds of this step (target and draft)."""
-        target, per_draft = self.cost.curve(context), self.draft_forward_s.value
-        return lambda ks: target(sum(ks) + len(ks)) + per_draft * self.draft_forwards(ks)
+    def cost_of(self, context: int, num_seqs: int) -> Callable[[Sequence[int]], float]:
+        """Per-request k's of num_seqs sequences -> predicted seconds of this step (target and draft)."""
+        target, per_draft, feed = self.cost.curve(context, num_seqs), self.draft_forward_s.value, self.feed_s.value
+        return lambda ks: target(sum(ks) + len(ks)) + per_draft * self.draft_forwards(ks) + feed
 
     def not_decoding(self) -> None:
         self._context = None
@@ -53,6 +57,13 @@ class AdaptiveK:
         self._draft_s += seconds
         if forwards > 0:
             self.draft_forward_s.update(seconds / forwards)
+
+    def record_feed_time(self, seconds: float) -> None:
+        """The proposer spent `seconds` following the step's tokens (every decode step pays it,
+        k = 0 included, so it is no part of the target's cost)."""
+        if self._context is not None:
+            self._draft_s += seconds
+            self.feed_s.update(seconds)
 
     def observe(self, result: StepResult, seconds: float) -> None:
         """A committed decode step took `seconds`: update acceptance and the target's cost fit.

@@ -14,6 +14,7 @@ Method-specific logic lives in the subclasses; the engine never asks which metho
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -156,6 +157,14 @@ class Proposer(ABC):
     def update(self, result: StepResult) -> Forwards[None]:
         """Called after a step's tokens are appended to the live requests of `result.requests`."""
         yield from ()
+
+    def timed_feed(self, forwards: Forwards[None]) -> Forwards[None]:
+        """Drive forwards that follow a step's tokens (every decode step runs them, whatever its
+        k's), telling adaptive k their time: it is neither the target's cost nor a draft's."""
+        start = time.perf_counter()
+        yield from forwards
+        if self.adaptive is not None:
+            self.adaptive.record_feed_time(time.perf_counter() - start)
 
     def release(self, request: Request) -> None:
         """The request finished, was aborted or preempted: drop its proposer state (subclasses

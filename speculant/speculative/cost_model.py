@@ -1,7 +1,7 @@
 """A cost model of one decode step, fitted at start-up and corrected online from the engine's
 step timings.
 
-    t(step) = f(M) + c * (context tokens / 1000)
+    t(step) = f(M) + c * (context tokens / 1000) + o * [some k > 0]
               + draft cost (the proposer's own measured seconds per draft forward x forwards)
 
 where M = sum_b (k_b + 1) is the number of rows the target's matmuls see. f is piecewise linear
@@ -10,7 +10,10 @@ from linear in its rows: a 2-row verify can cost 1.5x a 1-row step while 4 rows 
 same as 2 (the kernel changes with the row count). A straight line through the 1-row and
 (k+1)-row costs underprices small k's, and small k's are what a low acceptance picks.
 
-The coefficients (f at every knot, and c) are fitted by recursive least squares, forgetting old
+o is what a speculative step costs whatever its rows (assembling drafts, verifying, a second
+attention group): without it, a batch of 16 where one request drafts looks almost free.
+
+The coefficients (f at every knot, c and o) are fitted by recursive least squares, forgetting old
 steps (factor 0.98: about the last 50 decode steps count), from a prior: the start-up calibration
 (`speculative.calibration`) or, without one, 10 ms a step plus 1 ms a row. Knots the
 calibration did not reach are interpolated with a smoothness penalty. Pure arithmetic: no
@@ -26,6 +29,7 @@ import numpy as np
 
 KNOTS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 PRIOR_STEP_S, PRIOR_ROW_S, PRIOR_CONTEXT_S = 0.01, 0.001, 0.0  # the uncalibrated prior
+OVERHEAD_PRIOR_S = 0.005  # prior std of a speculative step's fixed overhead (its mean: 0)
 
 Sample = tuple[Sequence[int], int, float]  # (k per sequence, context tokens, seconds)
 
@@ -36,25 +40,27 @@ def rows(ks: Sequence[int]) -> int:
 
 
 def features(ks: Sequence[int], context_tokens: int) -> np.ndarray:
-    """[len(KNOTS) + 1]: the hat functions of M over the knots (linear extrapolation past the last
-    knot), then context tokens / 1000."""
+    """[len(KNOTS) + 2]: the hat functions of M over the knots (linear extrapolation past the last
+    knot), context tokens / 1000, and 1 when some sequence verifies drafts."""
     m = float(max(1, rows(ks)))
-    x = np.zeros(len(KNOTS) + 1)
+    x = np.zeros(len(KNOTS) + 2)
     j = min(int(np.searchsorted(KNOTS, m, side="right")) - 1, len(KNOTS) - 2)  # segment [KNOTS[j], KNOTS[j+1]]
     w = (m - KNOTS[j]) / (KNOTS[j + 1] - KNOTS[j])
     x[j], x[j + 1] = 1.0 - w, w
-    x[-1] = context_tokens / 1000.0
+    x[-2] = context_tokens / 1000.0
+    x[-1] = 1.0 if m > len(ks) else 0.0
     return x
 
 
 def prior_theta() -> np.ndarray:
-    return np.array([PRIOR_STEP_S + PRIOR_ROW_S * k for k in KNOTS] + [PRIOR_CONTEXT_S])
+    return np.array([PRIOR_STEP_S + PRIOR_ROW_S * k for k in KNOTS] + [PRIOR_CONTEXT_S, 0.0])
 
 
 class StepCostModel:
     def __init__(self, prior: Sequence[float] | None = None, noise_s: float = 1e-3, forget: float = 0.98) -> None:
-        self.theta = prior_theta() if prior is None else np.array(prior, dtype=float)  # [knots + 1]
+        self.theta = prior_theta() if prior is None else np.array(prior, dtype=float)  # [knots + 2]
         scale = np.maximum(np.abs(self.theta), 1e-3)  # prior std of each coefficient
+        scale[-1] = OVERHEAD_PRIOR_S
         self.P = np.diag((scale / noise_s) ** 2)  # covariance of theta over the timing noise
         self._P_trace_max = float(np.trace(self.P)) * 1e3  # no wind-up while the regressors do not vary
         self.forget = forget
@@ -66,7 +72,7 @@ class StepCostModel:
         """A model whose prior is the least-squares fit of measured (ks, context, seconds) samples
         (`speculative.calibration`), second differences of f penalised so that knots between and
         beyond the measured row counts are interpolated; the prior weighs as much as a few steps."""
-        x = np.stack([features(ks, context) for ks, context, _ in samples])  # [S, knots + 1]
+        x = np.stack([features(ks, context)[:-1] for ks, context, _ in samples])  # [S, knots + 1]: forwards, no overhead
         y = np.array([seconds for _, _, seconds in samples])
         n = len(KNOTS)
         d2 = np.zeros((n - 2, n + 1))  # second differences of f over the knots, per unit of M
@@ -76,27 +82,42 @@ class StepCostModel:
         lhs = np.concatenate([x, np.sqrt(smoothness) * d2])
         rhs = np.concatenate([y, np.zeros(n - 2)])
         theta = np.linalg.lstsq(lhs, rhs, rcond=None)[0]
-        model = cls(prior=theta)
+        model = cls(prior=np.append(theta, 0.0))  # the overhead is learnt online
         model.calibration = [(list(ks), int(c), float(s)) for ks, c, s in samples]
         return model
 
     def predict(self, ks: Sequence[int], context_tokens: int) -> float:
         """Seconds for the target's part of a decode step (never below a microsecond); more rows
         or more context never cost less."""
-        return self.curve(context_tokens)(rows(ks))
+        return self.curve(context_tokens, len(ks))(rows(ks))
 
-    def curve(self, context_tokens: int) -> Callable[[int], float]:
-        """M -> `predict` of a step with M rows at this context, without numpy per call (the k
-        chooser asks it once per draft slot it considers)."""
-        f = np.maximum.accumulate(self.theta[:-1]).tolist()
-        extra = max(0.0, float(self.theta[-1])) * context_tokens / 1000.0
+    def curve(self, context_tokens: int, num_seqs: int) -> Callable[[int], float]:
+        """M -> `predict` of a step of num_seqs sequences with M rows at this context, without
+        numpy per call (the k chooser asks it once per draft slot it considers). More rows never
+        cost less: f is made non-decreasing, and a speculative step's knots past the plain step's
+        are made so among themselves (the overhead, not those knots, is its jump over plain)."""
+        knots = self.theta[:-2]
+        plain_f = np.maximum.accumulate(knots)
         last = len(KNOTS) - 2
+        j0 = min(bisect.bisect_right(KNOTS, max(1, num_seqs)) - 1, last)  # the plain step's segment
+        spec_f = plain_f.copy()
+        spec_f[j0 + 1 :] = np.maximum.accumulate(knots[j0 + 1 :])
+        plain_f, spec_f = plain_f.tolist(), spec_f.tolist()
+        extra = max(0.0, float(self.theta[-2])) * context_tokens / 1000.0
+        overhead = max(0.0, float(self.theta[-1]))
+
+        def at(f: list[float], m: int) -> float:
+            j = min(bisect.bisect_right(KNOTS, m) - 1, last)
+            w = (m - KNOTS[j]) / (KNOTS[j + 1] - KNOTS[j])
+            return (1.0 - w) * f[j] + w * f[j + 1]
+
+        plain = max(1e-6, at(plain_f, max(1, num_seqs)) + extra)
 
         def seconds(m: int) -> float:
             m = max(1, m)
-            j = min(bisect.bisect_right(KNOTS, m) - 1, last)
-            w = (m - KNOTS[j]) / (KNOTS[j + 1] - KNOTS[j])
-            return max(1e-6, (1.0 - w) * f[j] + w * f[j + 1] + extra)
+            if m <= num_seqs:
+                return max(1e-6, at(plain_f, m) + extra)
+            return max(plain, at(spec_f, m) + extra + overhead)
 
         return seconds
 

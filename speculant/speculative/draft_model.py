@@ -69,7 +69,7 @@ class DraftModelProposer(Proposer):
             if end > valid:
                 feeds.append((r, r.token_slice(valid, end), valid))
         if feeds:
-            yield from self._feed(feeds)
+            yield from self.timed_feed(self._feed(feeds))
 
     def _feed(self, feeds: list[tuple[Request, list[int], int]], input_ids: torch.Tensor | None = None) -> Forwards[torch.Tensor]:
         """One draft forward over each (request, new tokens, KV start); the logits [len(feeds), V]

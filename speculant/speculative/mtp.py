@@ -73,6 +73,9 @@ class MtpProposer(Proposer):
 
     def launch(self, result: StepResult) -> Forwards[None]:
         """The head over the target forward's rows, with the target's states; no host reads."""
+        yield from self.timed_feed(self._launch(result))
+
+    def _launch(self, result: StepResult) -> Forwards[None]:
         device = result.hidden_states.device
         if result.speculative:
             tokens, logits_mode = self._verified_inputs(result), "all"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from speculant.speculative.acceptance_tracker import AcceptanceTracker
@@ -12,16 +13,18 @@ K_MAX = 8
 
 
 def run_steps(tracker: AcceptanceTracker, accepts, steps: int) -> list[int]:
-    """Choose k with the prior cost model, verify with `accepts(k)` accepted; the k's chosen."""
-    cost = StepCostModel()
+    """Choose k as adaptive k does (a Thompson draw, the prior cost model), verify with
+    `accepts(k)` accepted; the k's chosen."""
+    cost, rng = StepCostModel(), np.random.default_rng(0)
     chosen = []
     for _ in range(steps):
-        (k,) = choose_k([tracker.alphas("r", K_MAX)], [K_MAX], lambda ks: cost.predict(ks, 100))
+        (k,) = choose_k([tracker.draw("r", K_MAX, None, rng)], [K_MAX], lambda ks: cost.predict(ks, 100))
         chosen.append(k)
         if k:
             tracker.record("r", k, accepts(k))
         else:
             tracker.idle("r")
+            tracker.idle_step()
     return chosen
 
 
@@ -54,7 +57,25 @@ def test_conditional_acceptance_by_slot():
         tracker.record("r", 3, 1)  # slot 0 accepted, slot 1 rejected, slot 2 never reached
     a = tracker.alphas("r", 3)
     assert a[0] == pytest.approx(1.0) and a[1] == pytest.approx(0.0, abs=1e-6)
-    assert a[2] == pytest.approx(0.5)  # no evidence: the prior's mean
+    assert a[2] == pytest.approx(0.0, abs=1e-6)  # never reached: what the slot before measured
+
+
+def test_a_slot_never_reached_repeats_the_slot_before():
+    tracker = AcceptanceTracker()
+    for _ in range(30):
+        tracker.record("r", 1, 0)  # k = 1, always rejected: slot 1 never verified
+    a = tracker.alphas("new", 4)
+    assert a[0] < 0.1 and max(a[1:]) < 0.1  # not the optimistic prior's 0.8
+
+
+def test_a_new_kind_of_draft_starts_from_every_kind_s_evidence():
+    tracker = AcceptanceTracker()
+    for _ in range(30):
+        tracker.record("r", 2, 0, key=(3, False))
+    fresh = tracker.alphas("new", 2, key=(5, True))
+    assert fresh[0] < 0.1
+    tracker.record("s", 2, 2, key=(5, True))
+    assert tracker.alphas("new", 2, key=(5, True))[0] > fresh[0]  # its own kind's evidence counts at once
 
 
 def test_release_forgets_the_request():

@@ -22,6 +22,8 @@ def synthetic(law, c: float, n: int, seed: int = 0, max_seqs: int = 16):
     samples = []
     for _ in range(n):
         ks = [rng.randint(0, 8) for _ in range(rng.randint(1, max_seqs))]
+        if rng.random() < 0.25:  # a plain step (no request drafts)
+            ks = [0] * len(ks)
         context = rng.randint(10, 4000) * len(ks)
         samples.append((ks, context, law(rows(ks)) + c * context / 1000))
     return samples
@@ -79,6 +81,22 @@ def test_moving_average_starts_at_the_prior_then_follows():
 def test_the_curve_equals_predict():
     model = StepCostModel.calibrated([([k], 64, cpu_like(k + 1)) for k in (0, 1, 2, 3, 8)] + [([0] * 8, 512, 0.2)])
     model.theta[3] -= 0.01  # a dip the prediction smooths away
-    curve = model.curve(700)
-    for ks in ([0], [1], [3], [7], [2] * 5, [0] * 40, [8] * 300):
+    model.theta[-1] = 0.004  # a speculative step's overhead
+    for ks in ([0], [1], [3], [7], [2] * 5, [0] * 40, [0] * 39 + [1], [8] * 300):
+        curve = model.curve(700, len(ks))
         assert curve(sum(k + 1 for k in ks)) == pytest.approx(model.predict(ks, 700), rel=1e-12)
+
+
+def test_a_speculative_step_s_fixed_overhead_is_learnt():
+    """At batch 16 one request drafting one token costs a fixed 5 ms more than a plain step (the
+    verify path), which f(M) alone would price at a sixteenth of a row."""
+    law = lambda m: 0.030 + 0.001 * m  # noqa: E731
+    rng = random.Random(0)
+    samples = []
+    for _ in range(300):
+        ks = [0] * 16 if rng.random() < 0.4 else [rng.choice((0, 0, 0, 0, 1, 2, 4)) for _ in range(16)]
+        samples.append((ks, 8000, law(rows(ks)) + (0.005 if any(ks) else 0.0)))
+    model = StepCostModel.calibrated([([0] * 16, 8000, law(16)), ([1] * 16, 8000, law(32)), ([0], 500, law(1)), ([4], 500, law(5))])
+    model.fit(samples)
+    assert model.predict([0] * 16, 8000) == pytest.approx(law(16), rel=0.03)
+    assert model.predict([1] + [0] * 15, 8000) == pytest.approx(law(17) + 0.005, rel=0.03)

@@ -201,7 +201,7 @@ def test_speculative_sampling_matches_target_with_adaptive_k(models, monkeypatch
     """k chosen per request and step from the request's past outcomes keeps the target's law.
     The step cost is a fixed function (a step per request, a verified token 0.3 of one) so the
     choices, and the test, do not depend on the machine's load."""
-    monkeypatch.setattr(AdaptiveK, "cost_of", lambda self, context: lambda ks: len(ks) + 0.3 * sum(k + 1 for k in ks))
+    monkeypatch.setattr(AdaptiveK, "cost_of", lambda self, context, num_seqs: lambda ks: len(ks) + 0.3 * sum(k + 1 for k in ks))
     pair, params, draft_sampling = _case(models, "t0.7-topk-topp-greedy-self-draft")
     params = dataclasses.replace(params, max_tokens=NUM_DRAFTS + 3)  # room for a full chain after a plain step
     run_ks = []
