@@ -1,15 +1,19 @@
-"""`speculant bench`: every method on the same prompts, interleaved batch by batch.
+"""`speculant bench`: every method on the same prompts, interleaved chunk by chunk.
 
-For each batch size the items are cut into batches; each batch runs under every method in turn
-(so machine noise hits all methods alike). A multi-turn item feeds each user turn after the
-model's own answer to the previous one, in the chat template. Per request the run records the
-time to first token and the gap before every later token (a step that emits n tokens at once
-counts n gaps of 1/n of its time each).
+Batch size B means B requests in flight, as a server under that concurrency sees them
+(continuous batching): when a request finishes, its item's next turn or the next item takes its
+place at once. So a batch's throughput is not set by its slowest request. The items are cut into
+chunks of WAVES x B; each chunk runs under every method in turn (so machine noise hits all
+methods alike). A multi-turn item feeds each user turn after the model's own answer to the
+previous one, in the chat template. Per request the run records the time to first token and the
+gap before every later token (a step that emits n tokens at once counts n gaps of 1/n of its
+time each).
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from tqdm import tqdm
@@ -62,23 +66,24 @@ def run_suite(
     total = sum(len(items) for _ in batch_sizes) * len(llms)
     with tqdm(total=total, desc="bench", unit="item", disable=not progress) as bar:
         for b in batch_sizes:
-            for start in range(0, len(items), b):
-                batch = items[start : start + b]
+            for start in range(0, len(items), WAVES * b):
+                chunk = items[start : start + WAVES * b]
                 for method, llm in llms.items():
-                    _run_batch(llm, batch, params, runs[method, b])
-                    bar.update(len(batch))
+                    _run_chunk(llm, chunk, b, params, runs[method, b])
+                    bar.update(len(chunk))
     return list(runs.values())
 
 
-def _run_batch(llm: LLM, batch: list[Conversation], params: SamplingParams, run: MethodRun) -> None:
+WAVES = 4  # a chunk holds this many batches' worth of items
+
+
+def _run_chunk(llm: LLM, chunk: list[Conversation], batch_size: int, params: SamplingParams, run: MethodRun) -> None:
     spec, timeline = llm.engine.stats.spec_stats, llm.engine.timeline
     acc0, prop0 = list(spec.accepted_by_position), list(spec.proposed_by_position)
     steps0, host0, hidden0 = llm.engine.stats.steps, timeline.host_s, timeline.hidden_s
-    done = [ItemRun(item) for item in batch]
+    done = [ItemRun(item) for item in chunk]
     start = time.perf_counter()
-    for turn in range(max(len(item.turns) for item in batch)):
-        live = [r for r in done if turn < len(r.item.turns)]
-        _run_turn(llm, live, turn, params)
+    _run_in_flight(llm, done, batch_size, params)
     run.wall_s += time.perf_counter() - start
     run.items += done
     run.accepted_by_position = _add(run.accepted_by_position, _sub(spec.accepted_by_position, acc0))
@@ -88,19 +93,27 @@ def _run_batch(llm: LLM, batch: list[Conversation], params: SamplingParams, run:
     run.host_hidden_s += timeline.hidden_s - hidden0
 
 
-def _run_turn(llm: LLM, live: list[ItemRun], turn: int, params: SamplingParams) -> None:
-    """One turn of every live item, submitted together, stepped until all finish."""
-    engine = llm.engine
-    t0 = time.perf_counter()
-    pending = {engine.add_request(_turn_prompt(llm, r.item, r.token_ids, turn), params, user=llm.user).request_id: r for r in live}
+def _run_in_flight(llm: LLM, runs: list[ItemRun], batch_size: int, params: SamplingParams) -> None:
+    """Every turn of every item, batch_size requests in flight: a finished turn is replaced by
+    its item's next turn, else by the next item not started."""
+    engine, waiting = llm.engine, deque(runs)
+    pending: dict[str, tuple[ItemRun, float]] = {}  # request id -> (its item, submit time)
     last: dict[str, float] = {}  # request id -> time of its latest tokens
+
+    def submit(r: ItemRun) -> None:
+        prompt = _turn_prompt(llm, r.item, r.token_ids, len(r.token_ids))
+        user = f"{llm.user}/batch-{batch_size}"  # each batch size starts with its own n-gram store
+        pending[engine.add_request(prompt, params, user=user).request_id] = (r, time.perf_counter())
+
+    while waiting and len(pending) < batch_size:
+        submit(waiting.popleft())
     while pending:
         outs = engine.step()
         now = time.perf_counter()
         for out in outs:
-            r = pending.get(out.request_id)
-            if r is None:
+            if out.request_id not in pending:
                 continue
+            r, t0 = pending[out.request_id]
             n = len(out.new_token_ids)
             if n and out.request_id not in last:
                 r.ttft_s.append(now - t0)
@@ -113,6 +126,10 @@ def _run_turn(llm: LLM, live: list[ItemRun], turn: int, params: SamplingParams) 
             if out.finished:
                 _finish(r, out, now - t0)
                 del pending[out.request_id]
+                if len(r.token_ids) < len(r.item.turns):
+                    submit(r)
+                elif waiting:
+                    submit(waiting.popleft())
 
 
 def _finish(r: ItemRun, out, latency_s: float) -> None:
