@@ -44,7 +44,7 @@ def fresh_hidden(target_hf, config, tokens: list[int]) -> torch.Tensor:  # [len(
 
 
 def test_speculative_step_results(target):
-    llm = tiny_llm(target, noisy_copy(target), num_draft_tokens=3, max_num_batched_tokens=16)
+    llm = tiny_llm(target, noisy_copy(target), num_draft_tokens=3, max_num_batched_tokens=16, adaptive_k=False)  # every decode step verifies
     steps = recorded_steps(llm)
     speculative = [(s, before) for s, before in steps if s.speculative]
     assert speculative and len(speculative) < len(steps)  # prefill steps are plain
