@@ -3,11 +3,13 @@
 alpha_i = P(slot i accepted | slots < i accepted). Outcomes are counted under a key that the
 proposer gives each draft (an n-gram proposer: the length of the suffix that matched; a draft
 model: none), for the request alone, pooled per key over every request, and pooled over all keys.
-Each level shrinks toward the one above it with strength s = prior_accept + prior_reject:
+Each level shrinks toward the one above it, with strength s = prior_accept + prior_reject, and a
+request toward its kind's pooled estimate with strength w (`pooled_weight`, 4: a few early
+rejections of one request do not outweigh what hundreds of its kind's drafts showed):
 
     all_i              = (s * all_{i-1} + accepted_i) / (s + reached_i),   all_{-1} = prior mean
     pooled_i(key)      = (s * all_i + pooled accepted_i) / (s + pooled reached_i)
-    alpha_i(req, key)  = (s * pooled_i(key) + accepted_i) / (s + reached_i)
+    alpha_i(req, key)  = (w * pooled_i(key) + accepted_i) / (w + reached_i)
 
 So a new request starts from what drafts of its kind have been worth lately, a new kind from what
 all drafts have, and a slot no draft has reached yet from the slot before it (at first the
@@ -57,10 +59,12 @@ class AcceptanceTracker:
         idle_decay: float = 0.9,
         pooled_decay: float = 0.995,
         pooled_idle_decay: float = 0.98,
+        pooled_weight: float = 4.0,
     ) -> None:
         self.prior_accept, self.prior_reject = prior_accept, prior_reject
         self.decay, self.idle_decay = decay, idle_decay
         self.pooled_decay, self.pooled_idle_decay = pooled_decay, pooled_idle_decay
+        self.pooled_weight = pooled_weight  # a request's own outcomes the pooled estimate counts as
         self._counts: dict[str, dict[Hashable, _Counts]] = {}  # request id -> key -> its own outcomes
         self._pooled: dict[Hashable, _Counts] = {}  # key -> every request's outcomes
         self._all = _Counts()  # every request's outcomes, whatever their key
@@ -88,7 +92,8 @@ class AcceptanceTracker:
         out, above = [], self.prior_accept / s
         for i in range(k):
             above = self._all.rate(i, s * above, s)  # all keys: the slot before is the prior
-            a, total = own.evidence(i, s * pooled.rate(i, s * above, s), s)
+            w = self.pooled_weight
+            a, total = own.evidence(i, w * pooled.rate(i, s * above, s), w)
             out.append((a, total - a))
         return out
 

@@ -83,3 +83,12 @@ def test_release_forgets_the_request():
     tracker.record("r", 4, 0)
     tracker.release("r")
     assert tracker.alphas("r", 2) == tracker.alphas("x", 2)  # what is left is the pooled evidence
+
+
+def test_a_request_s_few_rejections_do_not_outweigh_its_kind_s_evidence():
+    tracker = AcceptanceTracker()
+    for i in range(200):
+        tracker.record(f"other{i % 20}", 2, 1 if i % 2 else 0)  # slot 0 accepted half the time
+    for _ in range(2):
+        tracker.record("r", 2, 0)
+    assert 0.25 < tracker.alphas("r", 1)[0] < 0.5
