@@ -24,8 +24,6 @@ from __future__ import annotations
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from speculant.core import count_by_position
 
 
@@ -73,16 +71,20 @@ class AcceptanceTracker:
         """[k] smoothed conditional acceptance of slots 0..k-1 for a draft of this key."""
         return [a / (a + b) for a, b in self._posterior(request_id, k, key)]
 
-    def draw(self, request_id: str, k: int, key: Hashable, rng: np.random.Generator) -> list[float]:
-        """[k] one draw of each slot's acceptance from the request's Beta posterior (Thompson
-        sampling): a request whose own evidence is thin, or has faded while it did not
-        speculate, now and then draws high enough to try drafts again, and how often depends on
-        what drafts of its kind are worth, so a low estimate from a few early rejections is not
-        kept for good."""
-        if k <= 0:
-            return []
-        ab = np.maximum(np.array(self._posterior(request_id, k, key)), 1e-3)  # [k, 2]
-        return rng.beta(ab[:, 0], ab[:, 1]).tolist()
+    def draw(self, request_id: str, k: int, key: Hashable, z: float) -> list[float]:
+        """[k] each slot's acceptance at z posterior standard deviations from its mean (the
+        request's Beta posterior, clipped to [0, 1]). With z drawn once per step from N(0, 1) this
+        is Thompson sampling with one quantile shared by the batch: a request whose evidence is
+        thin, or has faded while it did not speculate, now and then looks good enough to try
+        drafts again, and how often depends on what drafts of its kind are worth; sharing z keeps
+        the chance that a step probes at all from growing with the batch (the best of 32
+        independent draws is almost always optimistic, so every step would pay for a probe)."""
+        out = []
+        for a, b in self._posterior(request_id, k, key):
+            n = a + b
+            mean = a / n
+            out.append(min(1.0, max(0.0, mean + z * (mean * (1.0 - mean) / (n + 1.0)) ** 0.5)))
+        return out
 
     def _posterior(self, request_id: str, k: int, key: Hashable) -> list[tuple[float, float]]:
         """[k] (a, b): Beta(a, b) of each slot at the request's level, its prior the pooled mean."""

@@ -27,7 +27,7 @@ class AdaptiveK:
     def __init__(self, draft_forwards: Callable[[Sequence[int]], int], draft_forward_prior_s: float = 0.0) -> None:
         self.draft_forwards = draft_forwards  # draft-model forwards a step with these k's runs while proposing
         self.tracker = AcceptanceTracker()
-        self.rng = np.random.default_rng(0)  # Thompson draws of acceptance (k's only; tokens never depend on them)
+        self.rng = np.random.default_rng(0)  # the per-step posterior quantile (k's only; tokens never depend on it)
         self.cost = StepCostModel()
         self.draft_forward_s = MovingAverage(draft_forward_prior_s)
         self.feed_s = MovingAverage(0.0)  # seconds the proposer spends after every decode step (a draft's KV refill)
@@ -39,7 +39,8 @@ class AdaptiveK:
         """Each request's k this step; k_max[b]: drafts on offer (0: none), keys[b]: their kind."""
         keys = [None] * len(requests) if keys is None else keys
         context = sum(r.num_computed_tokens for r in requests)
-        alphas = [self.tracker.draw(r.request_id, k, key, self.rng) for r, k, key in zip(requests, k_max, keys)]
+        z = float(self.rng.standard_normal())  # one posterior quantile for the whole batch this step
+        alphas = [self.tracker.draw(r.request_id, k, key, z) for r, k, key in zip(requests, k_max, keys)]
         self._context, self._draft_s = context, 0.0
         self._keys = {r.request_id: key for r, k, key in zip(requests, k_max, keys) if k > 0}
         return choose_k(alphas, k_max, self.cost_of(context, len(requests)), MARGIN)

@@ -13,12 +13,12 @@ K_MAX = 8
 
 
 def run_steps(tracker: AcceptanceTracker, accepts, steps: int) -> list[int]:
-    """Choose k as adaptive k does (a Thompson draw, the prior cost model), verify with
+    """Choose k as adaptive k does (a posterior quantile drawn per step, the prior cost model), verify with
     `accepts(k)` accepted; the k's chosen."""
     cost, rng = StepCostModel(), np.random.default_rng(0)
     chosen = []
     for _ in range(steps):
-        (k,) = choose_k([tracker.draw("r", K_MAX, None, rng)], [K_MAX], lambda ks: cost.predict(ks, 100))
+        (k,) = choose_k([tracker.draw("r", K_MAX, None, float(rng.standard_normal()))], [K_MAX], lambda ks: cost.predict(ks, 100))
         chosen.append(k)
         if k:
             tracker.record("r", k, accepts(k))
