@@ -3,9 +3,12 @@ chosen to maximise the batch's expected emitted tokens per second.
 
 Acceptance comes from verify outcomes of the request and of drafts of the same kind
 (`AcceptanceTracker`; the proposer offers its drafts with a key, e.g. an n-gram match's length),
-the cost of a step from a model of the target's verify time by row count (`StepCostModel`,
-calibrated at start-up and fitted online from measured step times) plus the proposer's measured
-draft cost. The k chooser itself is pure
+read at their posterior mean, except for one request per step, drawn at random, read at a
+posterior quantile drawn for it (Thompson sampling for one request at a time: low estimates are
+probed again, and a probe costs at most one request's drafts however large the batch). The cost of a step comes from a model of the target's verify
+time by row count with a speculative step's fixed overhead (`StepCostModel`, calibrated at
+start-up and fitted online from measured step times), plus the proposer's measured time: per
+draft forward while proposing, and its refill after every step. The k chooser itself is pure
 (`k_chooser.choose_k`).
 """
 
@@ -27,20 +30,20 @@ class AdaptiveK:
     def __init__(self, draft_forwards: Callable[[Sequence[int]], int], draft_forward_prior_s: float = 0.0) -> None:
         self.draft_forwards = draft_forwards  # draft-model forwards a step with these k's runs while proposing
         self.tracker = AcceptanceTracker()
-        self.rng = np.random.default_rng(0)  # the per-step posterior quantile (k's only; tokens never depend on it)
+        self.rng = np.random.default_rng(0)  # each step's explorer and its quantile (k's only; tokens never depend on them)
         self.cost = StepCostModel()
         self.draft_forward_s = MovingAverage(draft_forward_prior_s)
         self.feed_s = MovingAverage(0.0)  # seconds the proposer spends after every decode step (a draft's KV refill)
         self._context = None  # context tokens of the decode step being taken; None: not a decode step
         self._keys: dict[str, Hashable] = {}  # request id -> key of the drafts on offer this step (offered only)
-        self._draft_s = 0.0  # seconds this step spent proposing
+        self._draft_s = 0.0  # seconds this step spent in the proposer (proposing, refilling)
 
     def choose(self, requests: Sequence[Request], k_max: Sequence[int], keys: Sequence[Hashable] | None = None) -> list[int]:
         """Each request's k this step; k_max[b]: drafts on offer (0: none), keys[b]: their kind."""
         keys = [None] * len(requests) if keys is None else keys
         context = sum(r.num_computed_tokens for r in requests)
-        z = float(self.rng.standard_normal())  # one posterior quantile for the whole batch this step
-        alphas = [self.tracker.draw(r.request_id, k, key, z) for r, k, key in zip(requests, k_max, keys)]
+        explorer, z = int(self.rng.integers(len(requests))), float(self.rng.standard_normal())
+        alphas = [self.tracker.draw(r.request_id, k, key, z if b == explorer else 0.0) for b, (r, k, key) in enumerate(zip(requests, k_max, keys))]
         self._context, self._draft_s = context, 0.0
         self._keys = {r.request_id: key for r, k, key in zip(requests, k_max, keys) if k > 0}
         return choose_k(alphas, k_max, self.cost_of(context, len(requests)), MARGIN)
