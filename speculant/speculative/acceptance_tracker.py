@@ -21,7 +21,7 @@ staying at k = 0 for good.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 from speculant.core import count_by_position
@@ -68,35 +68,36 @@ class AcceptanceTracker:
         self._all = _Counts()  # every request's outcomes, whatever their key
 
     def alphas(self, request_id: str, k: int, key: Hashable = None) -> list[float]:
-        """[k] smoothed conditional acceptance of slots 0..k-1 for a draft of this key."""
-        return [a / (a + b) for a, b in self._posterior(request_id, k, key)]
+        """[k] smoothed conditional acceptance of slots 0..k-1 for a draft of this key (the
+        posterior mean)."""
+        return self.draw(request_id, k, key, 0.0)
 
     def draw(self, request_id: str, k: int, key: Hashable, z: float) -> list[float]:
-        """[k] each slot's acceptance at z posterior standard deviations from its mean (the
-        request's Beta posterior, clipped to [0, 1]). With z drawn once per step from N(0, 1) this
-        is Thompson sampling with one quantile shared by the batch: a request whose evidence is
-        thin, or has faded while it did not speculate, now and then looks good enough to try
-        drafts again, and how often depends on what drafts of its kind are worth; sharing z keeps
-        the chance that a step probes at all from growing with the batch (the best of 32
-        independent draws is almost always optimistic, so every step would pay for a probe)."""
-        out = []
-        for a, b in self._posterior(request_id, k, key):
-            n = a + b
-            mean = a / n
-            out.append(min(1.0, max(0.0, mean + z * (mean * (1.0 - mean) / (n + 1.0)) ** 0.5)))
-        return out
+        """[k] each slot's acceptance at z posterior standard deviations from its mean."""
+        return self.draws([(request_id, k, key, z)])[0]
 
-    def _posterior(self, request_id: str, k: int, key: Hashable) -> list[tuple[float, float]]:
-        """[k] (a, b): Beta(a, b) of each slot at the request's level, its prior the pooled mean."""
-        s = self.prior_accept + self.prior_reject
-        pooled = self._pooled.get(key, _Counts())
-        own = self._counts.get(request_id, {}).get(key, _Counts())
-        out, above = [], self.prior_accept / s
-        for i in range(k):
+    def draws(self, rows: Sequence[tuple[str, int, Hashable, float]]) -> list[list[float]]:
+        """For each (request id, k, key, z): [k] each slot's acceptance at z standard deviations
+        from the mean of the request's Beta posterior (its prior the pooled mean), clipped to
+        [0, 1]. z = 0 is the mean; a z drawn from N(0, 1) is a Thompson draw: a request whose
+        evidence is thin, or has faded while it did not speculate, now and then looks good enough
+        to try drafts again, and how often depends on what drafts of its kind are worth. The
+        every-kind level is the same for every row, so it is computed once."""
+        s, w = self.prior_accept + self.prior_reject, self.pooled_weight
+        every_kind, above = [], self.prior_accept / s
+        for i in range(max((k for _, k, _, _ in rows), default=0)):
             above = self._all.rate(i, s * above, s)  # all keys: the slot before is the prior
-            w = self.pooled_weight
-            a, total = own.evidence(i, w * pooled.rate(i, s * above, s), w)
-            out.append((a, total - a))
+            every_kind.append(above)
+        out = []
+        for request_id, k, key, z in rows:
+            pooled = self._pooled.get(key, _Counts())
+            own = self._counts.get(request_id, {}).get(key, _Counts())
+            slots = []
+            for i in range(k):
+                a, n = own.evidence(i, w * pooled.rate(i, s * every_kind[i], s), w)
+                mean = a / n
+                slots.append(min(1.0, max(0.0, mean + z * (mean * (1.0 - mean) / (n + 1.0)) ** 0.5)))
+            out.append(slots)
         return out
 
     def record(self, request_id: str, num_drafts: int, num_accepted: int, key: Hashable = None) -> None:

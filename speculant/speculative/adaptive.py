@@ -5,11 +5,11 @@ Acceptance comes from verify outcomes of the request and of drafts of the same k
 (`AcceptanceTracker`; the proposer offers its drafts with a key, e.g. an n-gram match's length),
 read at their posterior mean, except for one request per step, drawn at random, read at a
 posterior quantile drawn for it (Thompson sampling for one request at a time: low estimates are
-probed again, and a probe costs at most one request's drafts however large the batch). The cost of a step comes from a model of the target's verify
-time by row count with a speculative step's fixed overhead (`StepCostModel`, calibrated at
-start-up and fitted online from measured step times), plus the proposer's measured time: per
-draft forward while proposing, and its refill after every step. The k chooser itself is pure
-(`k_chooser.choose_k`).
+probed again, and a probe costs at most one request's drafts however large the batch). The cost
+of a step comes from a model of the target's verify time by row count with a speculative step's
+fixed overhead (`StepCostModel`, calibrated at start-up and fitted online from measured step
+times), plus the proposer's measured time: per draft forward while proposing, and its refill
+after every step. The k chooser itself is pure (`k_chooser.choose_k`).
 """
 
 from __future__ import annotations
@@ -42,8 +42,10 @@ class AdaptiveK:
         """Each request's k this step; k_max[b]: drafts on offer (0: none), keys[b]: their kind."""
         keys = [None] * len(requests) if keys is None else keys
         context = sum(r.num_computed_tokens for r in requests)
-        explorer, z = int(self.rng.integers(len(requests))), float(self.rng.standard_normal())
-        alphas = [self.tracker.draw(r.request_id, k, key, z if b == explorer else 0.0) for b, (r, k, key) in enumerate(zip(requests, k_max, keys))]
+        zs = [0.0] * len(requests)  # posterior means, but for one request drawn to explore
+        explorer = int(self.rng.integers(len(requests)))
+        zs[explorer] = float(self.rng.standard_normal())
+        alphas = self.tracker.draws([(r.request_id, k, key, z) for r, k, key, z in zip(requests, k_max, keys, zs)])
         self._context, self._draft_s = context, 0.0
         self._keys = {r.request_id: key for r, k, key in zip(requests, k_max, keys) if k > 0}
         return choose_k(alphas, k_max, self.cost_of(context, len(requests)), MARGIN)
