@@ -34,9 +34,11 @@ def check_not_evaluation(path: pathlib.Path) -> None:
         raise ValueError(f"--data {path}: files under {sorted(bad)[0]}/ are evaluation sets; never train on them")
 
 
-def load_examples(paths: Iterable[str | pathlib.Path], max_prompts: int | None = None) -> list[Example]:
-    """Examples of every file, interleaved round-robin so each file is represented when
-    `max_prompts` cuts the list."""
+def load_examples(
+    paths: Iterable[str | pathlib.Path], max_prompts: int | None = None, extra: Iterable[list[Example]] = (),
+) -> list[Example]:
+    """Examples of every file (and of every `extra` list, after the files), interleaved round-robin
+    so each source is represented when `max_prompts` cuts the list."""
     per_file, stems = [], set()
     for path in map(pathlib.Path, paths):
         check_not_evaluation(path)
@@ -46,6 +48,7 @@ def load_examples(paths: Iterable[str | pathlib.Path], max_prompts: int | None =
             raise ValueError(f"--data {path}: two files named {path.stem!r}; rename one")
         stems.add(path.stem)
         per_file.append(list(_read_file(path)))
+    per_file += [list(x) for x in extra if x]
     mixed = [ex for group in _round_robin(per_file) for ex in group]
     return mixed[:max_prompts] if max_prompts else mixed
 
