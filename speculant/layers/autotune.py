@@ -1,6 +1,7 @@
 """Which dense kernel runs a float product of a given shape, measured once per machine.
 
-Rows are bucketed (1, 2-16, 17-64, prefill); for each weight shape and bucket every kernel the
+Rows are bucketed (1, 2-4, 5-16, 17-64, prefill: a verify of a few drafts is its own bucket, since
+on small weights the kernel that wins at 16 rows can lose by half at 2); for each weight shape and bucket every kernel the
 installed PyTorch offers is timed side by side and the fastest kept. Choices are cached in
 `$SPECULANT_CACHE/linear_kernels.json` under a key of the CPU, thread count, torch version,
 dtype and shape, so a later start measures nothing. `SPECULANT_LINEAR_KERNEL=<name>` forces one
@@ -19,7 +20,7 @@ import torch
 
 from speculant.utils.json_cache import read_json, write_json
 
-BUCKETS = {"1": (1,), "2-16": (2, 5, 16), "17-64": (32,), "prefill": (256,)}  # bucket -> rows timed
+BUCKETS = {"1": (1,), "2-4": (2, 4), "5-16": (8, 16), "17-64": (32,), "prefill": (256,)}  # bucket -> rows timed
 _MIN_TUNED_BYTES = 1 << 20
 _REPEATS = 15
 _memo: dict[str, dict[str, str]] = {}
@@ -28,8 +29,10 @@ _memo: dict[str, dict[str, str]] = {}
 def bucket(rows: int) -> str:
     if rows == 1:
         return "1"
+    if rows <= 4:
+        return "2-4"
     if rows <= 16:
-        return "2-16"
+        return "5-16"
     return "17-64" if rows <= 64 else "prefill"
 
 
@@ -93,7 +96,7 @@ def kernels_for(weight: torch.Tensor) -> dict[str, str]:
         return dict.fromkeys(BUCKETS, "mm")
     key = _key(weight)
     cache = _load_cache()
-    if key not in cache:
+    if set(cache.get(key, ())) != set(BUCKETS):  # new, or measured under other buckets
         cache[key] = measure(weight)
         _save_cache(cache)
     return cache[key]

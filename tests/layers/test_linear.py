@@ -50,6 +50,11 @@ def test_measured_choices_are_cached_per_shape(monkeypatch, tmp_path):
     assert calls == [w.shape]  # measured once
     saved = json.loads((tmp_path / "linear_kernels.json").read_text())
     assert [k.split("|")[-1] for k in saved] == ["48x32"]
+    key = next(iter(saved))
+    (tmp_path / "linear_kernels.json").write_text(json.dumps({key: {"1": "mm", "2-16": "mm"}}))
+    monkeypatch.setattr(autotune, "_memo", {})
+    autotune.kernels_for(w)
+    assert calls == [w.shape, w.shape]  # choices made under other buckets are measured again
 
 
 def test_measure_picks_a_kernel_per_bucket():
@@ -58,7 +63,8 @@ def test_measure_picks_a_kernel_per_bucket():
 
 
 def test_buckets():
-    assert [autotune.bucket(r) for r in (1, 2, 16, 17, 64, 65)] == ["1", "2-16", "2-16", "17-64", "17-64", "prefill"]
+    rows = (1, 2, 4, 5, 16, 17, 64, 65)
+    assert [autotune.bucket(r) for r in rows] == ["1", "2-4", "2-4", "5-16", "5-16", "17-64", "17-64", "prefill"]
 
 
 def test_bf16_dense_weight_with_fp32_activations():
