@@ -43,8 +43,9 @@ class AdaptiveK:
         keys = [None] * len(requests) if keys is None else keys
         context = sum(r.num_computed_tokens for r in requests)
         zs = [0.0] * len(requests)  # posterior means, but for one request drawn to explore
-        explorer = int(self.rng.integers(len(requests)))
-        zs[explorer] = float(self.rng.standard_normal())
+        offering = [b for b, k in enumerate(k_max) if k > 0]  # a request with nothing on offer learns nothing
+        if offering:
+            zs[offering[int(self.rng.integers(len(offering)))]] = float(self.rng.standard_normal())
         alphas = self.tracker.draws([(r.request_id, k, key, z) for r, k, key, z in zip(requests, k_max, keys, zs)])
         self._context, self._draft_s = context, 0.0
         self._keys = {r.request_id: key for r, k, key in zip(requests, k_max, keys) if k > 0}

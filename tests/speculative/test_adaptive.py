@@ -71,3 +71,21 @@ def test_cli_flags():
     add_engine_arguments(parser)
     assert engine_config_from_args(parser.parse_args(["--adaptive-k"])).speculative.adaptive_k is True
     assert engine_config_from_args(parser.parse_args(["--no-adaptive-k"])).speculative.adaptive_k is False
+
+
+def test_the_explorer_is_drawn_among_requests_with_drafts_on_offer(monkeypatch):
+    from types import SimpleNamespace
+
+    from speculant.speculative.adaptive import AdaptiveK
+
+    adaptive = AdaptiveK(lambda ks: 0)
+    seen = []
+    monkeypatch.setattr(adaptive.tracker, "draws", lambda rows: seen.append([z for *_, z in rows]) or [[0.5] * k for _, k, _, _ in rows])
+    requests = [SimpleNamespace(request_id=str(b), num_computed_tokens=10) for b in range(4)]
+    for _ in range(20):
+        adaptive.choose(requests, [0, 3, 0, 3])
+    assert all(z[0] == z[2] == 0.0 for z in seen)  # nothing on offer: read at the mean, never probed
+    assert {b for z in seen for b in (1, 3) if z[b] != 0.0} == {1, 3}
+    seen.clear()
+    adaptive.choose(requests, [0, 0, 0, 0])
+    assert seen == [[0.0] * 4]
