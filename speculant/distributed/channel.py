@@ -20,7 +20,7 @@ import torch
 
 from speculant.distributed.group import TPGroup
 
-HEADER = 8  # int64 values
+HEADER = 9  # int64 values: the op, then up to 8 ints
 _ALIGN = 8
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int64)
 

@@ -109,11 +109,11 @@ class TensorParallelExecutor(Executor):
         assert self.page_size is not None, "allocate_kv first"
         fb = build_forward_batch(plan.inputs, self.page_size)
         packed = torch.from_numpy(fb.pack())
-        extra = [t for t in (plan.input_ids, plan.input_embeds, plan.hidden_states) if t is not None]
+        extra = [t for t in (plan.input_ids, plan.input_embeds, plan.hidden_states, plan.logits_rows) if t is not None]
         ints = [self._on_every_rank.index(plan.model), packed.numel()] + _sizes(plan)
         with self.span(plan.model), self._group_call():
             self.channel.send(Op.RUN, ints, [packed, *extra])
-            return self.forward_batch(plan.model, fb, plan.input_ids, plan.input_embeds, plan.hidden_states)
+            return self.forward_batch(plan.model, fb, plan.input_ids, plan.input_embeds, plan.hidden_states, plan.logits_rows)
 
     @contextlib.contextmanager
     def _group_call(self) -> Iterator[None]:
@@ -150,12 +150,13 @@ class TensorParallelExecutor(Executor):
 
 def _sizes(plan: ForwardPlan) -> list[int]:
     """RUN's sizes: token ids, input embeddings and hidden states (elements; 0 when absent),
-    then the two float tensors' dtype codes."""
-    ids, embeds, hidden = plan.input_ids, plan.input_embeds, plan.hidden_states
+    then the two float tensors' dtype codes, then the logits rows (0 when absent)."""
+    ids, embeds, hidden, rows = plan.input_ids, plan.input_embeds, plan.hidden_states, plan.logits_rows
     return [
         0 if ids is None else ids.numel(),
         0 if embeds is None else embeds.numel(),
         0 if hidden is None else hidden.numel(),
         0 if embeds is None else dtype_code(embeds.dtype),
         0 if hidden is None else dtype_code(hidden.dtype),
+        0 if rows is None else rows.numel(),
     ]

@@ -87,12 +87,13 @@ class Worker:
 
     @torch.inference_mode()
     def _run(self, m: Message) -> None:
-        model, fb_len, num_ids, embeds_numel, hidden_numel, embeds_dtype, hidden_dtype = m.ints[:7]
+        model, fb_len, num_ids, embeds_numel, hidden_numel, embeds_dtype, hidden_dtype, num_rows = m.ints[:8]
         fb = ForwardBatch.unpack(m.host_int64(fb_len))
         ids = m.segment(num_ids, torch.int64) if num_ids else None
         embeds = m.segment(embeds_numel, code_dtype(embeds_dtype)).view(fb.num_tokens, -1) if embeds_numel else None
         hidden = m.segment(hidden_numel, code_dtype(hidden_dtype)).view(fb.num_tokens, -1) if hidden_numel else None
-        self.executor.forward_batch(self.models[model], fb, ids, embeds, hidden)
+        rows = m.segment(num_rows, torch.int64) if num_rows else None
+        self.executor.forward_batch(self.models[model], fb, ids, embeds, hidden, rows)
 
     def _move_kv(self, m: Message) -> None:
         model, count = m.ints[:2]

@@ -118,15 +118,17 @@ class Executor:
         assert self.page_size is not None, "allocate_kv first"
         with self.span(plan.model):
             fb = build_forward_batch(plan.inputs, self.page_size)
-            return self.forward_batch(plan.model, fb, plan.input_ids, plan.input_embeds, plan.hidden_states)
+            return self.forward_batch(plan.model, fb, plan.input_ids, plan.input_embeds, plan.hidden_states, plan.logits_rows)
 
     def span(self, model: str):
         """The timeline span of one forward of `model` (nothing without a timeline)."""
         return self.timeline.span(f"forward:{model}") if self.timeline is not None else contextlib.nullcontext()
 
-    def forward_batch(self, model: str, fb: ForwardBatch, input_ids=None, input_embeds=None, hidden_states=None) -> ForwardResult:
+    def forward_batch(
+        self, model: str, fb: ForwardBatch, input_ids=None, input_embeds=None, hidden_states=None, logits_rows=None,
+    ) -> ForwardResult:
         """One forward of `model` over a built batch (`ForwardPlan`'s tensors, same shapes)."""
-        logits, hidden = self._runner(model).forward(fb, input_embeds, hidden_states, input_ids)
+        logits, hidden = self._runner(model).forward(fb, input_embeds, hidden_states, input_ids, logits_rows)
         return ForwardResult(logits, hidden)
 
     def drive(self, forwards: Forwards[T]) -> T:

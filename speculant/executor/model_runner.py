@@ -35,8 +35,10 @@ class ModelRunner:
         input_embeds: torch.Tensor | None = None,  # [T, hidden] read instead of fb's token ids
         hidden_states: torch.Tensor | None = None,  # [T, hidden_in] extra input of draft heads
         input_ids: torch.Tensor | None = None,  # [T] device token ids read instead of fb's
+        logits_rows: torch.Tensor | None = None,  # [N] device rows that get logits, instead of fb's
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """logits [N, vocab] float32 for fb.logits_indices, hidden [T, hidden] for every token.
+        """logits [N, vocab] float32 for logits_rows (default fb.logits_indices), hidden [T, hidden]
+        for every token.
         Called by the executor only (`executor/executor.py`)."""
         assert self.kv is not None, "allocate_kv first"
         if input_embeds is not None and input_embeds.shape[0] != fb.num_tokens:
@@ -49,5 +51,6 @@ class ModelRunner:
         if input_ids is None and input_embeds is None:
             input_ids = view.input_ids
         hidden = self.model.forward(input_ids, view.positions, ctx, input_embeds, hidden_states)
-        logits = self.model.compute_logits(hidden.index_select(0, view.logits_indices))
+        rows = view.logits_indices if logits_rows is None else logits_rows
+        logits = self.model.compute_logits(hidden.index_select(0, rows))
         return logits, hidden

@@ -48,11 +48,12 @@ class ForwardPlan:
     input_ids: torch.Tensor | None = None  # [T] device token ids used instead of the inputs' (whose lengths still lay out the batch)
     input_embeds: torch.Tensor | None = None  # [T, hidden] used instead of the token ids' embeddings
     hidden_states: torch.Tensor | None = None  # [T, hidden_in] extra input of draft heads
+    logits_rows: torch.Tensor | None = None  # [N] device rows of the flat batch that get logits, instead of the inputs' flags (no host read)
 
 
 @dataclass(frozen=True)
 class ForwardResult:
-    logits: torch.Tensor  # [N, vocab] float32, the rows the plan's SeqInput.logits asked for, in order
+    logits: torch.Tensor  # [N, vocab] float32, the rows the plan asked for (logits_rows, or its SeqInput.logits flags), in order
     hidden: torch.Tensor  # [T, hidden] last-layer states of every token, before the final norm
 
 
