@@ -17,7 +17,7 @@ import pathlib
 from tqdm import tqdm
 
 from speculant.sampling.params import SamplingParams
-from speculant.training.data import Example
+from speculant.training.data import Example, read_responses
 
 SELF_PROMPTS_FILE = "self_prompts.jsonl"
 _MARK = "\x00QUESTION\x00"
@@ -76,15 +76,6 @@ def read_self_prompts(out_dir: pathlib.Path) -> list[Example]:
 
 def _read(path: pathlib.Path) -> list[dict]:
     """Finished lines in index order, up to a torn last line (an interrupted write)."""
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            break
-        if row.get("i") != len(rows):
-            break
-        rows.append(row)
-    return rows
+    rows = read_responses(path)  # the same line format rules as responses.jsonl
+    ordered = next((n for n, row in enumerate(rows) if row.get("i") != n), len(rows))
+    return rows[:ordered]
