@@ -27,13 +27,16 @@ MARGIN = 0.05  # predicted gain over plain decoding needed to speculate (the mod
 
 
 class AdaptiveK:
-    def __init__(self, draft_forwards: Callable[[Sequence[int]], int], draft_forward_prior_s: float = 0.0) -> None:
+    def __init__(
+        self, draft_forwards: Callable[[Sequence[int]], int], draft_forward_prior_s: float = 0.0, lazy_feed: bool = False,
+    ) -> None:
         self.draft_forwards = draft_forwards  # draft-model forwards a step with these k's runs while proposing
+        self.lazy_feed = lazy_feed  # the proposer follows the tokens only of requests that draft (else every step)
         self.tracker = AcceptanceTracker()
         self.rng = np.random.default_rng(0)  # each step's explorer and its quantile (k's only; tokens never depend on them)
         self.cost = StepCostModel()
         self.draft_forward_s = MovingAverage(draft_forward_prior_s)
-        self.feed_s = MovingAverage(0.0)  # seconds the proposer spends after every decode step (a draft's KV refill)
+        self.feed_s = MovingAverage(0.0)  # seconds the proposer spends following a step's tokens (a draft's KV refill)
         self._context = None  # context tokens of the decode step being taken; None: not a decode step
         self._keys: dict[str, Hashable] = {}  # request id -> key of the drafts on offer this step (offered only)
         self._draft_s = 0.0  # seconds this step spent in the proposer (proposing, refilling)
@@ -54,7 +57,12 @@ class AdaptiveK:
     def cost_of(self, context: int, num_seqs: int) -> Callable[[Sequence[int]], float]:
         """Per-request k's of num_seqs sequences -> predicted seconds of this step (target and draft)."""
         target, per_draft, feed = self.cost.curve(context, num_seqs), self.draft_forward_s.value, self.feed_s.value
-        return lambda ks: target(sum(ks) + len(ks)) + per_draft * self.draft_forwards(ks) + feed
+
+        def cost(ks: Sequence[int]) -> float:
+            fed = feed if not self.lazy_feed or any(ks) else 0.0
+            return target(sum(ks) + len(ks)) + per_draft * self.draft_forwards(ks) + fed
+
+        return cost
 
     def not_decoding(self) -> None:
         self._context = None
@@ -67,7 +75,7 @@ class AdaptiveK:
 
     def record_feed_time(self, seconds: float) -> None:
         """The proposer spent `seconds` following the step's tokens (every decode step pays it,
-        k = 0 included, so it is no part of the target's cost)."""
+        or with `lazy_feed` every step that drafts; it is no part of the target's cost)."""
         if self._context is not None:
             self._draft_s += seconds
             self.feed_s.update(seconds)

@@ -18,7 +18,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -46,11 +46,18 @@ class ProposerContext:
     max_num_seqs: int = 64  # the scheduler's bound on sequences per step
 
 
+T = TypeVar("T")
+
+
 class Proposer(ABC):
+    # With adaptive k: the proposer follows the tokens (`timed_feed`) only of requests that draft,
+    # catching up when one drafts again, so a step where nobody drafts costs a plain step.
+    LAZY_FEED = False
+
     def __init__(self, ctx: ProposerContext) -> None:
         self.ctx = ctx
         self.pages: PageTables | None = None
-        self.adaptive = AdaptiveK(self.draft_forwards) if ctx.speculative.adaptive_k else None
+        self.adaptive = AdaptiveK(self.draft_forwards, lazy_feed=self.LAZY_FEED) if ctx.speculative.adaptive_k else None
         self._step_ks: dict[str, int] = {}  # request id -> k of the decode step being taken
 
     def model_specs(self) -> list[ModelSpec]:
@@ -158,13 +165,14 @@ class Proposer(ABC):
         """Called after a step's tokens are appended to the live requests of `result.requests`."""
         yield from ()
 
-    def timed_feed(self, forwards: Forwards[None]) -> Forwards[None]:
+    def timed_feed(self, forwards: Forwards[T]) -> Forwards[T]:
         """Drive forwards that follow a step's tokens (every decode step runs them, whatever its
-        k's), telling adaptive k their time: it is neither the target's cost nor a draft's."""
+        k's, unless `LAZY_FEED`), telling adaptive k their time: neither the target's nor a draft's."""
         start = time.perf_counter()
-        yield from forwards
+        value = yield from forwards
         if self.adaptive is not None:
             self.adaptive.record_feed_time(time.perf_counter() - start)
+        return value
 
     def release(self, request: Request) -> None:
         """The request finished, was aborted or preempted: drop its proposer state (subclasses

@@ -25,6 +25,8 @@ DRAFT = "draft"  # the draft model's name in the executor
 
 
 class DraftModelProposer(Proposer):
+    LAZY_FEED = True  # with adaptive k, a request at k = 0 skips its refill; it catches up when it drafts
+
     def __init__(self, ctx: ProposerContext) -> None:
         super().__init__(ctx)
         self.computed: dict[str, int] = {}  # draft KV length per request
@@ -59,17 +61,23 @@ class DraftModelProposer(Proposer):
         self.carried.pop(request.request_id, None)
 
     def update(self, result: StepResult) -> Forwards[None]:
-        """Feed the draft every token it lacks; rejected drafts' KV is dropped by the min()."""
+        """Feed the draft every token it lacks; rejected drafts' KV is dropped by the min(). With
+        adaptive k, a request whose step was one plain row (k = 0) is left behind: `propose`
+        catches it up if it drafts again, so steps without drafts run no draft forward."""
+        lazy = self.LAZY_FEED and self.adaptive is not None
         feeds = []
-        for r in result.requests:
-            if r.finished:
+        for b, r in enumerate(result.requests):
+            if r.finished or (lazy and result.row_offsets[b + 1] - result.row_offsets[b] == 1):
                 continue
-            valid = min(self.computed.get(r.request_id, 0), r.num_tokens - 1)  # drafted KV past this was rejected
             end = r.num_tokens if r.num_computed_tokens >= r.num_tokens - 1 else r.num_computed_tokens
-            if end > valid:
-                feeds.append((r, r.token_slice(valid, end), valid))
+            feeds += self._lacking(r, end)
         if feeds:
             yield from self.timed_feed(self._feed(feeds))
+
+    def _lacking(self, r: Request, end: int) -> list[tuple[Request, list[int], int]]:
+        """(request, tokens the draft has not seen up to `end`, their KV start), if any."""
+        valid = min(self.computed.get(r.request_id, 0), r.num_tokens - 1)  # drafted KV past this was rejected
+        return [(r, r.token_slice(valid, end), valid)] if end > valid else []
 
     def _feed(self, feeds: list[tuple[Request, list[int], int]], input_ids: torch.Tensor | None = None) -> Forwards[torch.Tensor]:
         """One draft forward over each (request, new tokens, KV start); the logits [len(feeds), V]
@@ -85,15 +93,20 @@ class DraftModelProposer(Proposer):
     def propose(self, batch: Batch) -> Forwards[DraftProposal]:
         """k drafts per sequence, all on the device: each draft is fed back as a device token, so
         drafting reads nothing on the host."""
-        start = time.perf_counter()
         requests, device = batch.requests, self.ctx.device
         ks = [self.step_k(r) for r in requests]
+        behind = [f for r, k in zip(requests, ks) if k > 0 and self.computed.get(r.request_id) != r.num_tokens
+                  for f in self._lacking(r, r.num_tokens)]
+        if behind:  # requests left behind at k = 0 (lazy feed) catch up: their carried logits are stale
+            yield from self.timed_feed(self._feed(behind))
+        start = time.perf_counter()
         k_max = max(ks)
         tokens = torch.full((len(requests), k_max), -1, dtype=torch.int64, device=device)
         probs = None
         if self.ctx.speculative.draft.sampling == "sample":
             probs = torch.zeros(len(requests), k_max, self.ctx.target_arch.vocab_size, device=device)
-        logits = torch.stack([self.carried[r.request_id] for r in requests]).float()  # [B, V]
+        first = next(self.carried[r.request_id] for r, k in zip(requests, ks) if k > 0)
+        logits = torch.stack([self.carried[r.request_id] if k > 0 else first for r, k in zip(requests, ks)]).float()  # [B, V]; k = 0 rows unused
         for j in range(k_max):
             rows = [b for b, k in enumerate(ks) if k > j]
             index = torch.tensor(rows, device=device)

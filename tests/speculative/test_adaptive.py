@@ -4,6 +4,7 @@ per-request k choices are counted."""
 from __future__ import annotations
 
 import argparse
+import itertools
 
 import pytest
 from testkit import greedy_params, tiny_hf_model, tiny_llm
@@ -89,3 +90,51 @@ def test_the_explorer_is_drawn_among_requests_with_drafts_on_offer(monkeypatch):
     seen.clear()
     adaptive.choose(requests, [0, 0, 0, 0])
     assert seen == [[0.0] * 4]
+
+
+@pytest.mark.parametrize("batch_size", [1, 6])
+def test_draft_at_k_zero_runs_no_draft_forward_and_catches_up(target, plain_outputs, batch_size, monkeypatch):
+    """Lazy feed: a step where nobody drafts runs the target alone; a request that drafts again
+    first feeds the draft every token it missed, and the output stays the target's."""
+    from speculant.speculative.adaptive import AdaptiveK
+
+    decode_steps = itertools.count()
+
+    def choose(self, requests, k_max, keys=None):  # every fourth decode step the even requests draft
+        step = next(decode_steps)
+        return [0 if step % 4 or b % 2 else min(k, b % 3 + 1) for b, k in enumerate(k_max)]
+
+    monkeypatch.setattr(AdaptiveK, "choose", choose)
+    llm = tiny_llm(target, tiny_hf_model("llama", seed=5, num_hidden_layers=1), num_draft_tokens=3, adaptive_k=True)
+    engine, steps, draft_forwards = llm.engine, [0], []  # draft_forwards: (engine step, rows)
+    run, step = engine.executor.run, engine.step
+
+    def counted_run(plan):
+        if plan.model == "draft":
+            draft_forwards.append((steps[0], sum(len(s.token_ids) for s in plan.inputs)))
+        return run(plan)
+
+    def counted_step():
+        steps[0] += 1
+        return step()
+
+    monkeypatch.setattr(engine.executor, "run", counted_run)
+    monkeypatch.setattr(engine, "step", counted_step)
+    outs = llm.generate(PROMPTS[:batch_size], GREEDY)
+    assert [o.token_ids for o in outs] == plain_outputs[:batch_size]
+    busy = {s for s, _ in draft_forwards}
+    assert len(busy) < steps[0] / 2  # without lazy feeding every step would run one
+    assert any(rows > 1 for s, rows in draft_forwards if s > 2)  # catch-ups feed the missed tokens
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_feed_time_is_charged_to_drafting_steps_when_the_feed_is_lazy(lazy):
+    from speculant.speculative.adaptive import AdaptiveK
+
+    adaptive = AdaptiveK(lambda ks: 0, lazy_feed=lazy)
+    adaptive._context = 0  # a decode step
+    adaptive.record_feed_time(0.5)
+    cost = adaptive.cost_of(100, 2)
+    feed = cost([0, 1]) - adaptive.cost.curve(100, 2)(3)
+    assert feed == pytest.approx(adaptive.feed_s.value) and feed > 0
+    assert cost([0, 0]) - adaptive.cost.curve(100, 2)(2) == pytest.approx(0.0 if lazy else feed)
