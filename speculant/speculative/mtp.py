@@ -77,19 +77,18 @@ class MtpProposer(Proposer):
 
     def _launch(self, result: StepResult) -> Forwards[None]:
         device = result.hidden_states.device
-        if result.speculative:  # logits at each sequence's last accepted row only, chosen on the device
-            tokens, logits_mode = self._verified_inputs(result), "none"
+        if result.speculative:  # each sequence's last accepted row, chosen on the device
+            tokens = self._verified_inputs(result)
             last = torch.tensor(result.row_offsets[:-1], device=device) + result.num_accepted  # [B]
-        else:  # one logits row per sequence, at its last row
-            tokens, logits_mode = self._chunk_inputs(result), "last"
-            last = torch.tensor(result.row_offsets[1:], device=device) - 1
+        else:  # each sequence's last row
+            tokens = self._chunk_inputs(result)
+            last = torch.tensor(result.row_offsets[1:], device=device) - 1  # [B]
         inputs = [
-            SeqInput([0] * (result.row_offsets[b + 1] - result.row_offsets[b]), result.kv_starts[b], self.pages.table(r.request_id), logits=logits_mode)
+            SeqInput([0] * (result.row_offsets[b + 1] - result.row_offsets[b]), result.kv_starts[b], self.pages.table(r.request_id), logits="none")
             for b, r in enumerate(result.requests)
         ]
-        rows = last if result.speculative else None
-        out = yield ForwardPlan(HEAD, inputs, input_ids=tokens, hidden_states=result.hidden_states, logits_rows=rows)
-        logits = out.logits  # [B, V]
+        out = yield ForwardPlan(HEAD, inputs, input_ids=tokens, hidden_states=result.hidden_states, logits_rows=last)
+        logits = out.logits  # [B, V] at the rows `last`
         states = out.hidden.index_select(0, last)
         for b, r in enumerate(result.requests):
             self.carried[r.request_id], self.state[r.request_id] = logits[b], states[b]
