@@ -128,13 +128,13 @@ def read_responses(path: pathlib.Path) -> list[dict]:
     return rows
 
 
-def _append(path: pathlib.Path, rows: list[dict]) -> None:
+def append_rows(path: pathlib.Path, rows: list[dict]) -> None:
     with path.open("a", encoding="utf-8") as f:
         f.write("".join(json.dumps(r) + "\n" for r in rows))
         f.flush()
 
 
-def _repair(path: pathlib.Path, rows: list[dict]) -> None:
+def repair_rows(path: pathlib.Path, rows: list[dict]) -> None:
     """Rewrite the file without a torn last line so appends start on a fresh line."""
     if not path.exists():
         return
@@ -147,7 +147,7 @@ def _pending(out_dir: pathlib.Path, examples: list[Example]) -> tuple[pathlib.Pa
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / RESPONSES_FILE
     done_rows = read_responses(path)
-    _repair(path, done_rows)
+    repair_rows(path, done_rows)
     done = {r["id"] for r in done_rows}
     return path, [ex for ex in examples if ex.id not in done]
 
@@ -157,7 +157,7 @@ def write_dataset_responses(tokenizer, examples: list[Example], out_dir: pathlib
     path, todo = _pending(out_dir, examples)
     rows = [_row(ex, prompt_ids(tokenizer, ex), answer_ids(tokenizer, ex)) for ex in todo]
     if rows:
-        _append(path, rows)
+        append_rows(path, rows)
     return path
 
 
@@ -175,7 +175,7 @@ def generate_responses(
             batch = todo[start : start + batch_size]
             prompts = [prompt_ids(tokenizer, ex) for ex in batch]
             outputs = llm.generate(prompts, params)
-            _append(path, [_row(ex, p, list(o.token_ids)) for ex, p, o in zip(batch, prompts, outputs)])
+            append_rows(path, [_row(ex, p, list(o.token_ids)) for ex, p, o in zip(batch, prompts, outputs)])
             bar.update(len(batch))
     return path
 

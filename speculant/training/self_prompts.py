@@ -11,13 +11,12 @@ next index.
 
 from __future__ import annotations
 
-import json
 import pathlib
 
 from tqdm import tqdm
 
 from speculant.sampling.params import SamplingParams
-from speculant.training.data import Example, read_responses
+from speculant.training.data import Example, append_rows, read_responses, repair_rows
 
 SELF_PROMPTS_FILE = "self_prompts.jsonl"
 _MARK = "\x00QUESTION\x00"
@@ -45,7 +44,7 @@ def generate_self_prompts(
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / SELF_PROMPTS_FILE
     rows = _read(path)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")  # drop a torn line
+    repair_rows(path, rows)  # drop a torn line, so appends start on a fresh one
     seen = {r["prompt"] for r in rows if r["prompt"]}
     prefix = user_turn_prefix(llm.tokenizer)
     start = len(rows)
@@ -61,8 +60,7 @@ def generate_self_prompts(
                 keep = out.finish_reason == "stop" and len(text) >= _MIN_CHARS and text not in seen
                 seen.add(text)
                 batch.append({"i": i, "prompt": text if keep else ""})
-            with path.open("a", encoding="utf-8") as f:
-                f.write("".join(json.dumps(r) + "\n" for r in batch))
+            append_rows(path, batch)
             bar.update(len(batch))
     return path
 
