@@ -35,7 +35,8 @@ def draft(target):
 
 
 def llm_for(method: str, target, draft):
-    kwargs = dict(METHODS[method], num_pages=1024)
+    """Fixed k (adaptive k chooses by measured time, so two runs could verify different shapes)."""
+    kwargs = dict(METHODS[method], num_pages=1024, adaptive_k=False)
     return tiny_llm(target, draft if kwargs.get("speculative") == "draft" else None, **kwargs)
 
 
