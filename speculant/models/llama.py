@@ -56,14 +56,16 @@ class LlamaForCausalLM(CausalLM):
         self.lm_head = self._linear(head)
         self.layers = [self._load_layer(get, weights, i) for i in range(self.arch.num_layers)]
 
-    def _linear(self, weight, bias: torch.Tensor | None = None) -> Linear:
+    def _linear(self, weight, bias: torch.Tensor | None = None, keep_weight: bool = True) -> Linear:
+        """keep_weight=False for a decoder layer's own products (the lm_head's weight may be the
+        embedding, or read by a draft head)."""
         mode = self.weights_mode
         if self.device.type != "cpu":  # the int4/int8 kernels used here are CPU kernels
             weight = weight if isinstance(weight, torch.Tensor) else weight.dequantize()
             mode = "bf16" if mode == "bf16" else "fp32"
         if isinstance(weight, torch.Tensor):
             weight = weight.to(self.device)
-        return make_linear(weight, bias, mode, self.dtype)
+        return make_linear(weight, bias, mode, self.dtype, keep_weight)
 
     def _load_layer(self, get, weights: dict, i: int) -> LayerWeights:
         p = f"model.layers.{i}."
@@ -74,11 +76,11 @@ class LlamaForCausalLM(CausalLM):
         mlp = [f"{p}mlp.gate_proj.weight", f"{p}mlp.up_proj.weight"]
         return LayerWeights(
             input_norm=get(f"{p}input_layernorm.weight"),
-            qkv=self._linear(cat_rows([_take(weights, f"{name}.weight") for name in attn]), bias),
-            o=self._linear(_take(weights, f"{p}self_attn.o_proj.weight")),
+            qkv=self._linear(cat_rows([_take(weights, f"{name}.weight") for name in attn]), bias, keep_weight=False),
+            o=self._linear(_take(weights, f"{p}self_attn.o_proj.weight"), keep_weight=False),
             post_norm=get(f"{p}post_attention_layernorm.weight"),
-            gate_up=self._linear(cat_rows([_take(weights, name) for name in mlp])),
-            down=self._linear(_take(weights, f"{p}mlp.down_proj.weight")),
+            gate_up=self._linear(cat_rows([_take(weights, name) for name in mlp]), keep_weight=False),
+            down=self._linear(_take(weights, f"{p}mlp.down_proj.weight"), keep_weight=False),
         )
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:

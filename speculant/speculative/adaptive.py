@@ -3,9 +3,12 @@ chosen to maximise the batch's expected emitted tokens per second.
 
 Acceptance comes from verify outcomes of the request and of drafts of the same kind
 (`AcceptanceTracker`; the proposer offers its drafts with a key, e.g. an n-gram match's length),
-read at their posterior mean, except for one request per step, drawn at random, read at a
-posterior quantile drawn for it (Thompson sampling for one request at a time: low estimates are
-probed again, and a probe costs at most one request's drafts however large the batch). The cost
+read at their posterior mean, except for one request per step, drawn at random, read at an
+optimistic posterior quantile drawn for it (|z|, z ~ N(0, 1)) and allowed at most one draft more
+than the mean would give it: low estimates are probed again, a probe teaches the one slot past
+what is already verified, and it costs at most one draft and one verify row however large the
+batch (a Thompson draw over every slot at once made thin far slots look good and, at batch 1,
+probed k = 5-6 where k = 2 was best). The cost
 of a step comes from a model of the target's verify time by row count with a speculative step's
 fixed overhead (`StepCostModel`, calibrated at start-up and fitted online from measured step
 times), plus the proposer's measured time: per draft forward while proposing, and its refill
@@ -45,14 +48,20 @@ class AdaptiveK:
         """Each request's k this step; k_max[b]: drafts on offer (0: none), keys[b]: their kind."""
         keys = [None] * len(requests) if keys is None else keys
         context = sum(r.num_computed_tokens for r in requests)
-        zs = [0.0] * len(requests)  # posterior means, but for one request drawn to explore
+        cost = self.cost_of(context, len(requests))
+        alphas = self.tracker.draws([(r.request_id, k, key, 0.0) for r, k, key in zip(requests, k_max, keys)])
+        ks = choose_k(alphas, k_max, cost, MARGIN)
         offering = [b for b, k in enumerate(k_max) if k > 0]  # a request with nothing on offer learns nothing
-        if offering:
-            zs[offering[int(self.rng.integers(len(offering)))]] = float(self.rng.standard_normal())
-        alphas = self.tracker.draws([(r.request_id, k, key, z) for r, k, key, z in zip(requests, k_max, keys, zs)])
+        if offering:  # the explorer: an optimistic draw, at most one draft past its choice at the mean
+            b = offering[int(self.rng.integers(len(offering)))]
+            z = abs(float(self.rng.standard_normal()))
+            alphas[b] = self.tracker.draw(requests[b].request_id, k_max[b], keys[b], z)
+            caps = list(k_max)
+            caps[b] = min(k_max[b], ks[b] + 1)
+            ks = choose_k(alphas, caps, cost, MARGIN)
         self._context, self._draft_s = context, 0.0
         self._keys = {r.request_id: key for r, k, key in zip(requests, k_max, keys) if k > 0}
-        return choose_k(alphas, k_max, self.cost_of(context, len(requests)), MARGIN)
+        return ks
 
     def cost_of(self, context: int, num_seqs: int) -> Callable[[Sequence[int]], float]:
         """Per-request k's of num_seqs sequences -> predicted seconds of this step (target and draft)."""

@@ -37,6 +37,20 @@ def test_dense_linear_uses_the_forced_kernel_per_bucket(monkeypatch):
         DenseLinear(torch.randn(32, 64))
 
 
+@pytest.mark.skipif("onednn" not in autotune.available(), reason="no oneDNN in this PyTorch")
+def test_a_layer_weight_is_let_go_when_only_the_packed_copy_runs(monkeypatch):
+    w, b = torch.randn(32, 64), torch.randn(32)
+    monkeypatch.setenv("SPECULANT_LINEAR_KERNEL", "onednn")
+    layer, kept = DenseLinear(w.clone(), b, keep_weight=False), DenseLinear(w.clone(), b)
+    assert layer.weight is None and kept.weight is not None  # e.g. an lm_head that is the embedding
+    assert layer.shape == (32, 64) and layer.dtype == torch.float32
+    for rows in ROWS:
+        x = torch.randn(rows, 64)
+        torch.testing.assert_close(layer(x), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    monkeypatch.setenv("SPECULANT_LINEAR_KERNEL", "rowsplit")  # some bucket needs the weight: kept
+    assert DenseLinear(w, b, keep_weight=False).weight is w
+
+
 def test_measured_choices_are_cached_per_shape(monkeypatch, tmp_path):
     monkeypatch.delenv("SPECULANT_LINEAR_KERNEL", raising=False)
     monkeypatch.setenv("SPECULANT_CACHE", str(tmp_path))

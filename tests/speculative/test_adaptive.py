@@ -80,16 +80,36 @@ def test_the_explorer_is_drawn_among_requests_with_drafts_on_offer(monkeypatch):
     from speculant.speculative.adaptive import AdaptiveK
 
     adaptive = AdaptiveK(lambda ks: 0)
-    seen = []
-    monkeypatch.setattr(adaptive.tracker, "draws", lambda rows: seen.append([z for *_, z in rows]) or [[0.5] * k for _, k, _, _ in rows])
+    probed = []  # request ids read away from their mean
+    monkeypatch.setattr(
+        adaptive.tracker, "draws", lambda rows: probed.extend(i for i, _, _, z in rows if z != 0.0) or [[0.5] * k for _, k, _, _ in rows]
+    )
     requests = [SimpleNamespace(request_id=str(b), num_computed_tokens=10) for b in range(4)]
     for _ in range(20):
         adaptive.choose(requests, [0, 3, 0, 3])
-    assert all(z[0] == z[2] == 0.0 for z in seen)  # nothing on offer: read at the mean, never probed
-    assert {b for z in seen for b in (1, 3) if z[b] != 0.0} == {1, 3}
-    seen.clear()
+    assert set(probed) == {"1", "3"}  # nothing on offer: read at the mean, never probed
+    probed.clear()
     adaptive.choose(requests, [0, 0, 0, 0])
-    assert seen == [[0.0] * 4]
+    assert probed == []
+
+
+def test_a_probe_takes_at_most_one_draft_past_the_choice_at_the_mean():
+    """Thin evidence at far slots must not make the explorer draft to k_max: it may try the one
+    slot past what the posterior mean chooses (here k = 2 of 6), so a probe costs one draft."""
+    from types import SimpleNamespace
+
+    from speculant.speculative.adaptive import AdaptiveK
+
+    adaptive = AdaptiveK(lambda ks: max(ks, default=0))
+    adaptive.draft_forward_s.value = 0.02  # a draft forward costs a fifth of a target step
+    adaptive.cost.theta[:] = 0.0
+    adaptive.cost.theta[:-2] = 0.1  # the target: 100 ms whatever its rows
+    request = SimpleNamespace(request_id="r", num_computed_tokens=10)
+    for _ in range(30):  # slot 0 always right, slot 1 half the time; later slots never reached
+        adaptive.tracker.record("r", 2, 2)
+        adaptive.tracker.record("r", 2, 1)
+    chosen = {adaptive.choose([request], [6])[0] for _ in range(200)}
+    assert chosen == {2, 3}
 
 
 @pytest.mark.parametrize("batch_size", [1, 6])
