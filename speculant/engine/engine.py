@@ -52,7 +52,10 @@ class Engine:
         self.arch = self.executor.arch()
         self.generator = torch.Generator(device=self.device).manual_seed(config.model.seed)  # unseeded rows' noise, drawn on the device
         self.proposer = create_proposer(
-            ProposerContext(config.speculative, config.model, self.arch, self.device, self.generator, draft_checkpoint, config.scheduler.max_num_seqs)
+            ProposerContext(
+                config.speculative, config.model, self.arch, self.device, self.generator, draft_checkpoint,
+                config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens,
+            )
         )
         for spec in self.proposer.model_specs():
             self.executor.add_model(spec)

@@ -12,7 +12,8 @@ probed k = 5-6 where k = 2 was best). The cost
 of a step comes from a model of the target's verify time by row count with a speculative step's
 fixed overhead (`StepCostModel`, calibrated at start-up and fitted online from measured step
 times), plus the proposer's measured time: per draft forward while proposing, and its refill
-after every step. The k chooser itself is pure (`k_chooser.choose_k`).
+after every step, and a lazily fed draft's backlog (its share of the catch-up, see
+`_with_catch_up`). The k chooser itself is pure (`k_chooser.choose_k`).
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ import numpy as np
 from speculant.core import Request, StepResult
 from speculant.speculative.acceptance_tracker import AcceptanceTracker
 from speculant.speculative.cost_model import MovingAverage, StepCostModel
-from speculant.speculative.k_chooser import choose_k
+from speculant.speculative.k_chooser import choose_k, expected_tokens
 
 MARGIN = 0.05  # predicted gain over plain decoding needed to speculate (the model's typical error)
+CATCH_UP_MIN = 16  # a backlog past this many tokens is priced (a shorter one is part of the feed's cost)
 
 
 class AdaptiveK:
@@ -40,16 +42,20 @@ class AdaptiveK:
         self.cost = StepCostModel()
         self.draft_forward_s = MovingAverage(draft_forward_prior_s)
         self.feed_s = MovingAverage(0.0)  # seconds the proposer spends following a step's tokens (a draft's KV refill)
+        self.catch_up_s = MovingAverage(0.0)  # seconds per backlog token caught up (0 until measured: the first one is tried)
         self._context = None  # context tokens of the decode step being taken; None: not a decode step
         self._keys: dict[str, Hashable] = {}  # request id -> key of the drafts on offer this step (offered only)
         self._draft_s = 0.0  # seconds this step spent in the proposer (proposing, refilling)
 
-    def choose(self, requests: Sequence[Request], k_max: Sequence[int], keys: Sequence[Hashable] | None = None) -> list[int]:
-        """Each request's k this step; k_max[b]: drafts on offer (0: none), keys[b]: their kind."""
+    def choose(
+        self, requests: Sequence[Request], k_max: Sequence[int], keys: Sequence[Hashable] | None = None, backlog: Sequence[int] | None = None,
+    ) -> list[int]:
+        """Each request's k this step; k_max[b]: drafts on offer (0: none), keys[b]: their kind,
+        backlog[b]: tokens the proposer must catch up before drafting for it."""
         keys = [None] * len(requests) if keys is None else keys
         context = sum(r.num_computed_tokens for r in requests)
-        cost = self.cost_of(context, len(requests))
         alphas = self.tracker.draws([(r.request_id, k, key, 0.0) for r, k, key in zip(requests, k_max, keys)])
+        cost = self._with_catch_up(self.cost_of(context, len(requests)), requests, alphas, backlog or [0] * len(requests))
         ks = choose_k(alphas, k_max, cost, MARGIN)
         offering = [b for b, k in enumerate(k_max) if k > 0]  # a request with nothing on offer learns nothing
         if offering:  # the explorer: an optimistic draw, at most one draft past its choice at the mean
@@ -73,6 +79,22 @@ class AdaptiveK:
 
         return cost
 
+    def _with_catch_up(self, cost: Callable, requests: Sequence[Request], alphas: list[list[float]], backlog: Sequence[int]) -> Callable:
+        """A backlog is caught up once, then the request drafts for the rest of its output: a
+        step is charged the share of the catch-up that its expected tokens are of the request's
+        remaining ones, so speculation starts when what it wins per token pays for it (a long
+        prompt and a short answer: it does not; `alphas` is read when called, explorer included)."""
+        per_token = self.catch_up_s.value
+        due = [(b, per_token * n / max(1, r.params.max_tokens - len(r.output_token_ids)))
+               for b, (r, n) in enumerate(zip(requests, backlog)) if n > CATCH_UP_MIN]
+        if not due or per_token <= 0.0:
+            return cost
+
+        def with_catch_up(ks: Sequence[int]) -> float:
+            return cost(ks) + sum(share * expected_tokens(alphas[b], ks[b]) for b, share in due if ks[b] > 0)
+
+        return with_catch_up
+
     def not_decoding(self) -> None:
         self._context = None
 
@@ -88,6 +110,12 @@ class AdaptiveK:
         if self._context is not None:
             self._draft_s += seconds
             self.feed_s.update(seconds)
+
+    def record_catch_up(self, seconds: float, tokens: int) -> None:
+        """The proposer caught up a backlog of `tokens` (more than CATCH_UP_MIN) in `seconds`."""
+        if self._context is not None:
+            self._draft_s += seconds
+        self.catch_up_s.update(seconds / tokens)
 
     def observe(self, result: StepResult, seconds: float) -> None:
         """A committed decode step took `seconds`: update acceptance and the target's cost fit.

@@ -44,6 +44,7 @@ class ProposerContext:
     generator: torch.Generator  # engine-wide default for requests without a seed
     draft_checkpoint: Any = None  # a loaded draft checkpoint (tests); else speculative.draft.model is loaded
     max_num_seqs: int = 64  # the scheduler's bound on sequences per step
+    max_num_batched_tokens: int = 512  # the scheduler's token budget: rows one forward may hold (the memory plan's)
 
 
 T = TypeVar("T")
@@ -125,7 +126,8 @@ class Proposer(ABC):
         bounds = [self.num_draft_tokens(r) for r in batch.requests]
         if self.adaptive is not None:
             offers = [self.offer(r, k) for r, k in zip(batch.requests, bounds)]
-            ks = self.adaptive.choose(batch.requests, [n for n, _ in offers], [key for _, key in offers])
+            backlog = [self.backlog(r) for r in batch.requests]
+            ks = self.adaptive.choose(batch.requests, [n for n, _ in offers], [key for _, key in offers], backlog)
         else:
             ks = bounds
         self._step_ks = {r.request_id: k for r, k in zip(batch.requests, ks)}
@@ -136,6 +138,11 @@ class Proposer(ABC):
         before adaptive k chooses. The kind keys the acceptance evidence (a lookup proposer: the
         match length); a draft model can always offer k of one kind."""
         return k, None
+
+    def backlog(self, request: Request) -> int:
+        """Tokens the proposer must process before it can draft for the request (a lazily fed
+        draft model's: the prompt, if it never drafted for it); adaptive k prices them."""
+        return 0
 
     def step_k(self, request: Request) -> int:
         """The k this step drafts for the request (fixed by `speculates`)."""

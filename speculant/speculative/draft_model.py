@@ -19,13 +19,14 @@ import torch
 from speculant.attention.batch import SeqInput
 from speculant.core import Batch, DraftProposal, Request, StepResult
 from speculant.executor.plan import ForwardPlan, Forwards, ModelSpec
+from speculant.speculative.adaptive import CATCH_UP_MIN
 from speculant.speculative.base import Proposer, ProposerContext, choose_drafts
 
 DRAFT = "draft"  # the draft model's name in the executor
 
 
 class DraftModelProposer(Proposer):
-    LAZY_FEED = True  # with adaptive k, a request at k = 0 skips its refill; it catches up when it drafts
+    LAZY_FEED = True  # with adaptive k, the draft follows only requests that draft (prompt included); others catch up when they do
 
     def __init__(self, ctx: ProposerContext) -> None:
         super().__init__(ctx)
@@ -62,17 +63,24 @@ class DraftModelProposer(Proposer):
 
     def update(self, result: StepResult) -> Forwards[None]:
         """Feed the draft every token it lacks; rejected drafts' KV is dropped by the min(). With
-        adaptive k, a request whose step was one plain row (k = 0) is left behind: `propose`
-        catches it up if it drafts again, so steps without drafts run no draft forward."""
+        adaptive k only requests that verified drafts this step are fed: a prompt and plain
+        (k = 0) steps are left behind, and `propose` catches a request up when it drafts (adaptive
+        k prices that backlog), so a long prompt answered briefly never pays for a draft prefill."""
         lazy = self.LAZY_FEED and self.adaptive is not None
         feeds = []
         for b, r in enumerate(result.requests):
-            if r.finished or (lazy and result.row_offsets[b + 1] - result.row_offsets[b] == 1):
+            drafted = result.speculative and result.row_offsets[b + 1] - result.row_offsets[b] > 1
+            if r.finished or (lazy and not drafted):
                 continue
             end = r.num_tokens if r.num_computed_tokens >= r.num_tokens - 1 else r.num_computed_tokens
             feeds += self._lacking(r, end)
         if feeds:
             yield from self.timed_feed(self._feed(feeds))
+
+    def backlog(self, request: Request) -> int:
+        if not self.LAZY_FEED or self.computed.get(request.request_id) == request.num_tokens:
+            return 0
+        return request.num_tokens - min(self.computed.get(request.request_id, 0), request.num_tokens - 1)
 
     def _lacking(self, r: Request, end: int) -> list[tuple[Request, list[int], int]]:
         """(request, tokens the draft has not seen up to `end`, their KV start), if any."""
@@ -97,8 +105,8 @@ class DraftModelProposer(Proposer):
         ks = [self.step_k(r) for r in requests]
         behind = [f for r, k in zip(requests, ks) if k > 0 and self.computed.get(r.request_id) != r.num_tokens
                   for f in self._lacking(r, r.num_tokens)]
-        if behind:  # requests left behind at k = 0 (lazy feed) catch up: their carried logits are stale
-            yield from self.timed_feed(self._feed(behind))
+        if behind:  # requests left behind (lazy feed) catch up: their carried logits are stale or missing
+            yield from self._catch_up(behind)
         start = time.perf_counter()
         k_max = max(ks)
         tokens = torch.full((len(requests), k_max), -1, dtype=torch.int64, device=device)
@@ -122,6 +130,29 @@ class DraftModelProposer(Proposer):
         if self.adaptive is not None:
             self.adaptive.record_draft_time(time.perf_counter() - start, self.draft_forwards(ks))
         return DraftProposal(token_ids=tokens, num_drafts=ks, draft_probs=probs)
+
+    def _catch_up(self, behind: list[tuple[Request, list[int], int]]) -> Forwards[None]:
+        """Feed the backlogs in forwards of at most the token budget (a request's backlog split
+        into chunks, in order). A backlog of a few steps counts as the feed's time; a longer one
+        (a prompt) is timed per token for adaptive k's price of catching up."""
+        tokens = sum(len(t) for _, t, _ in behind)
+        start, budget, batch, rows = time.perf_counter(), self.ctx.max_num_batched_tokens, [], 0
+        chunks = [(r, t[i : i + budget], s + i) for r, t, s in behind for i in range(0, len(t), budget)]
+        forwards = []
+        for chunk in chunks:
+            if batch and (rows + len(chunk[1]) > budget or any(r is chunk[0] for r, _, _ in batch)):
+                forwards.append(batch)
+                batch, rows = [], 0
+            batch.append(chunk)
+            rows += len(chunk[1])
+        forwards.append(batch)
+        if tokens <= CATCH_UP_MIN or self.adaptive is None:
+            for feeds in forwards:
+                yield from self.timed_feed(self._feed(feeds))
+            return
+        for feeds in forwards:
+            yield from self._feed(feeds)
+        self.adaptive.record_catch_up(time.perf_counter() - start, tokens)
 
     def _choose(self, logits: torch.Tensor, requests: list[Request], probs, rows: torch.Tensor, j: int) -> torch.Tensor:
         tokens, q = choose_drafts(logits, requests, probs is not None, self.ctx.generator, offset=j)

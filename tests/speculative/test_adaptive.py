@@ -120,7 +120,7 @@ def test_draft_at_k_zero_runs_no_draft_forward_and_catches_up(target, plain_outp
 
     decode_steps = itertools.count()
 
-    def choose(self, requests, k_max, keys=None):  # every fourth decode step the even requests draft
+    def choose(self, requests, k_max, keys=None, backlog=None):  # every fourth decode step the even requests draft
         step = next(decode_steps)
         return [0 if step % 4 or b % 2 else min(k, b % 3 + 1) for b, k in enumerate(k_max)]
 
@@ -158,3 +158,71 @@ def test_feed_time_is_charged_to_drafting_steps_when_the_feed_is_lazy(lazy):
     feed = cost([0, 1]) - adaptive.cost.curve(100, 2)(3)
     assert feed == pytest.approx(adaptive.feed_s.value) and feed > 0
     assert cost([0, 0]) - adaptive.cost.curve(100, 2)(2) == pytest.approx(0.0 if lazy else feed)
+
+
+def _count_draft_rows(monkeypatch, engine) -> list[int]:
+    """Rows of every draft-model forward the engine runs from now on."""
+    rows, run = [], engine.executor.run
+
+    def counted(plan):
+        if plan.model == "draft":
+            rows.append(sum(len(s.token_ids) for s in plan.inputs))
+        return run(plan)
+
+    monkeypatch.setattr(engine.executor, "run", counted)
+    return rows
+
+
+def test_a_request_that_never_drafts_never_runs_the_draft(target, plain_outputs, monkeypatch):
+    """Lazy feed includes the prompt: adaptive k choosing k = 0 throughout costs no draft prefill."""
+    from speculant.speculative.adaptive import AdaptiveK
+
+    monkeypatch.setattr(AdaptiveK, "choose", lambda self, requests, k_max, keys=None, backlog=None: [0] * len(requests))
+    llm = tiny_llm(target, tiny_hf_model("llama", seed=5, num_hidden_layers=1), num_draft_tokens=3, adaptive_k=True)
+    rows = _count_draft_rows(monkeypatch, llm.engine)
+    assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == plain_outputs
+    assert rows == []
+
+
+def test_a_prompt_backlog_is_caught_up_within_the_token_budget_and_priced(target, plain_outputs, monkeypatch):
+    """The first drafting step feeds the prompt in forwards of at most max_num_batched_tokens rows
+    (a request's chunks in order, one per forward); adaptive k learns its price per token and
+    sees every request's backlog."""
+    from speculant.speculative.adaptive import AdaptiveK
+
+    backlogs, choose = [], AdaptiveK.choose
+
+    def seen(self, requests, k_max, keys=None, backlog=None):
+        backlogs.append(list(backlog))
+        return choose(self, requests, k_max, keys, backlog)
+
+    monkeypatch.setattr(AdaptiveK, "choose", seen)
+    llm = tiny_llm(target, tiny_hf_model("llama", seed=5, num_hidden_layers=1), num_draft_tokens=3, adaptive_k=True,
+                   max_num_batched_tokens=8)
+    rows = _count_draft_rows(monkeypatch, llm.engine)
+    assert [o.token_ids for o in llm.generate(PROMPTS[1:2], GREEDY)] == plain_outputs[1:2]
+    assert backlogs[0] == [len(PROMPTS[1]) + 1]  # the prompt and the first sampled token
+    chunked = [[8] * (n // 8) + [n % 8] * (n % 8 > 0) for (n,) in backlogs if n > 16]  # the first step that drafts catches up
+    assert any(rows[: len(c)] == c for c in chunked) and max(rows) <= 8
+    assert llm.engine.proposer.adaptive.catch_up_s.count == 1 and llm.engine.proposer.adaptive.catch_up_s.value > 0
+
+
+def test_a_backlog_is_caught_up_only_when_the_rest_of_the_answer_pays_for_it():
+    from types import SimpleNamespace
+
+    from speculant.speculative.adaptive import AdaptiveK
+
+    adaptive = AdaptiveK(lambda ks: max(ks, default=0))
+    adaptive.cost.theta[:] = 0.0
+    adaptive.cost.theta[:-2] = 0.1  # the target: 100 ms a step whatever its rows
+    adaptive.draft_forward_s.value, adaptive.catch_up_s.value = 0.01, 0.005  # 5 ms per backlog token
+    for _ in range(50):
+        adaptive.tracker.record("r", 3, 3)  # drafts always right: worth 3 more tokens a step
+
+    def k_for(max_tokens: int, backlog: int) -> int:
+        request = SimpleNamespace(request_id="r", num_computed_tokens=10, params=SimpleNamespace(max_tokens=max_tokens), output_token_ids=[1])
+        return adaptive.choose([request], [3], backlog=[backlog])[0]
+
+    assert k_for(max_tokens=1000, backlog=1000) == 3  # 5 s of catch-up, won back over 1,000 tokens
+    assert k_for(max_tokens=8, backlog=1000) == 0  # 7 tokens left: plain decoding
+    assert k_for(max_tokens=8, backlog=10) == 3  # a short backlog counts as the feed
