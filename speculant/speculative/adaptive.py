@@ -29,6 +29,7 @@ from speculant.speculative.k_chooser import choose_k, expected_tokens
 
 MARGIN = 0.05  # predicted gain over plain decoding needed to speculate (the model's typical error)
 CATCH_UP_MIN = 16  # a backlog past this many tokens is priced (a shorter one is part of the feed's cost)
+CATCH_UP_RISK = 2.0  # a catch-up is paid now and won back only if the answer runs to max_tokens and the estimates hold
 
 
 class AdaptiveK:
@@ -83,8 +84,10 @@ class AdaptiveK:
         """A backlog is caught up once, then the request drafts for the rest of its output: a
         step is charged the share of the catch-up that its expected tokens are of the request's
         remaining ones, so speculation starts when what it wins per token pays for it (a long
-        prompt and a short answer: it does not; `alphas` is read when called, explorer included)."""
-        per_token = self.catch_up_s.value
+        prompt and a short answer: it does not; `alphas` is read when called, explorer included).
+        The catch-up counts CATCH_UP_RISK times over: it is certain, its return is not (the answer
+        may stop before max_tokens, the acceptance may not hold)."""
+        per_token = self.catch_up_s.value * CATCH_UP_RISK
         due = [(b, per_token * n / max(1, r.params.max_tokens - len(r.output_token_ids)))
                for b, (r, n) in enumerate(zip(requests, backlog)) if n > CATCH_UP_MIN]
         if not due or per_token <= 0.0:
