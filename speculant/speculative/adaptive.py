@@ -3,9 +3,9 @@ chosen to maximise the batch's expected emitted tokens per second.
 
 Acceptance comes from verify outcomes of the request and of drafts of the same kind
 (`AcceptanceTracker`; the proposer offers its drafts with a key, e.g. an n-gram match's length),
-read at their posterior mean, except for one request per step, drawn at random, read at an
-optimistic posterior quantile drawn for it (|z|, z ~ N(0, 1)) and allowed at most one draft more
-than the mean would give it: low estimates are probed again, a probe teaches the one slot past
+read at their posterior mean, except for one request per step, drawn at random, read at a
+posterior quantile drawn for it (z ~ N(0, 1)) and allowed at most one draft more than the mean
+would give it: low estimates are probed again, a probe teaches the one slot past
 what is already verified, and it costs at most one draft and one verify row however large the
 batch (a Thompson draw over every slot at once made thin far slots look good and, at batch 1,
 probed k = 5-6 where k = 2 was best). The cost
@@ -59,9 +59,9 @@ class AdaptiveK:
         cost = self._with_catch_up(self.cost_of(context, len(requests)), requests, alphas, backlog or [0] * len(requests))
         ks = choose_k(alphas, k_max, cost, MARGIN)
         offering = [b for b, k in enumerate(k_max) if k > 0]  # a request with nothing on offer learns nothing
-        if offering:  # the explorer: an optimistic draw, at most one draft past its choice at the mean
+        if offering:  # the explorer: a posterior draw, at most one draft past its choice at the mean
             b = offering[int(self.rng.integers(len(offering)))]
-            z = abs(float(self.rng.standard_normal()))
+            z = float(self.rng.standard_normal())
             alphas[b] = self.tracker.draw(requests[b].request_id, k_max[b], keys[b], z)
             caps = list(k_max)
             caps[b] = min(k_max[b], ks[b] + 1)

@@ -109,7 +109,7 @@ def test_a_probe_takes_at_most_one_draft_past_the_choice_at_the_mean():
         adaptive.tracker.record("r", 2, 2)
         adaptive.tracker.record("r", 2, 1)
     chosen = {adaptive.choose([request], [6])[0] for _ in range(200)}
-    assert chosen == {2, 3}
+    assert max(chosen) == 3 and 2 in chosen  # a low draw may also draft less
 
 
 @pytest.mark.parametrize("batch_size", [1, 6])
