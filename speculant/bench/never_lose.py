@@ -81,13 +81,13 @@ def batched_rows(runs: list[dict]) -> list[dict]:
 
 def markdown(b1: list[dict], batched: list[dict]) -> str:
     ks = sorted({k for r in b1 for k in r["fixed"]})
-    head = "| method | category | plain tok/s | " + " | ".join(f"k={k}" for k in ks) + " | adaptive | τ | passes | vs best fixed |"
+    head = "| method | category | plain tok/s | " + " | ".join(f"k={k}" for k in ks) + " | adaptive | τ | passes | vs best fixed | run |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
-    for r in sorted(b1, key=lambda r: (r["family"], r["category"] != "all", r["category"])):
+    for r in sorted(b1, key=lambda r: (r["family"], r["category"] != "all", r["category"], r["run"])):
         fixed = " | ".join(f"{r['fixed'][k]:.2f}x" if k in r["fixed"] else "–" for k in ks)
         ok = "✓" if r["adaptive"] >= FLOOR and r["vs_best"] >= NEAR_BEST else "✗"
         lines.append(f"| {r['family']} | {r['category']} | {r['plain_tok_s']:.1f} | {fixed} | **{r['adaptive']:.2f}x** "
-                     f"(k ≤ {r['adaptive_k_max']}) | {r['adaptive_tau']:.2f} | {ok} | {r['vs_best']:.2f} (best k={r['best_k']}) |")
+                     f"(k ≤ {r['adaptive_k_max']}) | {r['adaptive_tau']:.2f} | {ok} | {r['vs_best']:.2f} (best k={r['best_k']}) | {r['run']} |")
     lines += ["", "| method | batch | category | plain tok/s | adaptive tok/s | ratio | τ | ≥ 0.98x |", "|---|---|---|---|---|---|---|---|"]
     for r in sorted(batched, key=lambda r: (r["family"], r["batch"], r["category"])):
         lines.append(f"| {r['family']} | {r['batch']} | {r['category']} | {r['plain_tok_s']:.1f} | {r['adaptive_tok_s']:.1f} | "
