@@ -3,6 +3,7 @@ cache from what the plan leaves, and a budget too small fails at construction.""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -148,7 +149,8 @@ def test_request_k_above_the_engines_is_cut_to_it():
 
 
 def test_carried_draft_logits_hold_one_row_each():
-    engine = _engine(_config())
+    config = _config()  # fixed k: the draft follows every request from its prompt on (adaptive k feeds it lazily)
+    engine = _engine(dataclasses.replace(config, speculative=dataclasses.replace(config.speculative, adaptive_k=False)))
     for b in range(5):
         engine.add_request([5 + b, 6, 7, 8], SamplingParams(max_tokens=8, ignore_eos=True))
     engine.step()
