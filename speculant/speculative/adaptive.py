@@ -89,8 +89,8 @@ class AdaptiveK:
         may stop before max_tokens, the acceptance may not hold)."""
         per_token = self.catch_up_s.value * CATCH_UP_RISK
         due = [(b, per_token * n / max(1, r.params.max_tokens - len(r.output_token_ids)))
-               for b, (r, n) in enumerate(zip(requests, backlog)) if n > CATCH_UP_MIN]
-        if not due or per_token <= 0.0:
+               for b, (r, n) in enumerate(zip(requests, backlog)) if n > CATCH_UP_MIN and per_token > 0.0]
+        if not due:
             return cost
 
         def with_catch_up(ks: Sequence[int]) -> float:
@@ -115,7 +115,11 @@ class AdaptiveK:
             self.feed_s.update(seconds)
 
     def record_catch_up(self, seconds: float, tokens: int) -> None:
-        """The proposer caught up a backlog of `tokens` (more than CATCH_UP_MIN) in `seconds`."""
+        """The proposer caught up a backlog of `tokens` in `seconds`: a few steps' worth is part
+        of the feed's cost, a longer one (a prompt) sets the price per token of catching up."""
+        if tokens <= CATCH_UP_MIN:
+            self.record_feed_time(seconds)
+            return
         if self._context is not None:
             self._draft_s += seconds
         self.catch_up_s.update(seconds / tokens)

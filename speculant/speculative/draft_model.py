@@ -19,7 +19,6 @@ import torch
 from speculant.attention.batch import SeqInput
 from speculant.core import Batch, DraftProposal, Request, StepResult
 from speculant.executor.plan import ForwardPlan, Forwards, ModelSpec
-from speculant.speculative.adaptive import CATCH_UP_MIN
 from speculant.speculative.base import Proposer, ProposerContext, choose_drafts
 
 DRAFT = "draft"  # the draft model's name in the executor
@@ -78,13 +77,18 @@ class DraftModelProposer(Proposer):
             yield from self.timed_feed(self._feed(feeds))
 
     def backlog(self, request: Request) -> int:
-        if not self.LAZY_FEED or self.computed.get(request.request_id) == request.num_tokens:
+        """Tokens to feed before drafting for the request (0: its carried logits are current)."""
+        if self.computed.get(request.request_id) == request.num_tokens:
             return 0
-        return request.num_tokens - min(self.computed.get(request.request_id, 0), request.num_tokens - 1)
+        return request.num_tokens - self._valid(request)
+
+    def _valid(self, r: Request) -> int:
+        """Draft KV that still holds: drafted KV past the last emitted token was rejected."""
+        return min(self.computed.get(r.request_id, 0), r.num_tokens - 1)
 
     def _lacking(self, r: Request, end: int) -> list[tuple[Request, list[int], int]]:
         """(request, tokens the draft has not seen up to `end`, their KV start), if any."""
-        valid = min(self.computed.get(r.request_id, 0), r.num_tokens - 1)  # drafted KV past this was rejected
+        valid = self._valid(r)
         return [(r, r.token_slice(valid, end), valid)] if end > valid else []
 
     def _feed(self, feeds: list[tuple[Request, list[int], int]], input_ids: torch.Tensor | None = None) -> Forwards[torch.Tensor]:
@@ -103,8 +107,7 @@ class DraftModelProposer(Proposer):
         drafting reads nothing on the host."""
         requests, device = batch.requests, self.ctx.device
         ks = [self.step_k(r) for r in requests]
-        behind = [f for r, k in zip(requests, ks) if k > 0 and self.computed.get(r.request_id) != r.num_tokens
-                  for f in self._lacking(r, r.num_tokens)]
+        behind = [f for r, k in zip(requests, ks) if k > 0 and self.backlog(r) for f in self._lacking(r, r.num_tokens)]
         if behind:  # requests left behind (lazy feed) catch up: their carried logits are stale or missing
             yield from self._catch_up(behind)
         start = time.perf_counter()
@@ -132,27 +135,21 @@ class DraftModelProposer(Proposer):
         return DraftProposal(token_ids=tokens, num_drafts=ks, draft_probs=probs)
 
     def _catch_up(self, behind: list[tuple[Request, list[int], int]]) -> Forwards[None]:
-        """Feed the backlogs in forwards of at most the token budget (a request's backlog split
-        into chunks, in order). A backlog of a few steps counts as the feed's time; a longer one
-        (a prompt) is timed per token for adaptive k's price of catching up."""
-        tokens = sum(len(t) for _, t, _ in behind)
-        start, budget, batch, rows = time.perf_counter(), self.ctx.max_num_batched_tokens, [], 0
-        chunks = [(r, t[i : i + budget], s + i) for r, t, s in behind for i in range(0, len(t), budget)]
-        forwards = []
-        for chunk in chunks:
-            if batch and (rows + len(chunk[1]) > budget or any(r is chunk[0] for r, _, _ in batch)):
-                forwards.append(batch)
-                batch, rows = [], 0
-            batch.append(chunk)
-            rows += len(chunk[1])
-        forwards.append(batch)
-        if tokens <= CATCH_UP_MIN or self.adaptive is None:
-            for feeds in forwards:
-                yield from self.timed_feed(self._feed(feeds))
-            return
+        """Feed the backlogs in forwards of at most the token budget, a request's backlog split
+        into chunks in order (a request whose backlog fills a forward has its next chunk in the
+        next one), and tell adaptive k the time (it prices a long backlog per token)."""
+        start, budget = time.perf_counter(), self.ctx.max_num_batched_tokens
+        forwards: list[list[tuple[Request, list[int], int]]] = [[]]
+        for r, tokens, kv_start in behind:
+            for i in range(0, len(tokens), budget):
+                chunk = tokens[i : i + budget]
+                if sum(len(t) for _, t, _ in forwards[-1]) + len(chunk) > budget:
+                    forwards.append([])
+                forwards[-1].append((r, chunk, kv_start + i))
         for feeds in forwards:
             yield from self._feed(feeds)
-        self.adaptive.record_catch_up(time.perf_counter() - start, tokens)
+        if self.adaptive is not None:
+            self.adaptive.record_catch_up(time.perf_counter() - start, sum(len(t) for _, t, _ in behind))
 
     def _choose(self, logits: torch.Tensor, requests: list[Request], probs, rows: torch.Tensor, j: int) -> torch.Tensor:
         tokens, q = choose_drafts(logits, requests, probs is not None, self.ctx.generator, offset=j)
