@@ -91,8 +91,8 @@ def parse_batch_sizes(text: str) -> tuple[int, ...]:
 
 def run_bench(base: EngineConfig, opts: BenchOptions, checkpoint=None, draft_checkpoint=None) -> dict:
     """Run the benchmark; returns {"setup", "rows", "table"}; writes JSON and PNGs to opts.output."""
+    from speculant.executor.loading import load_checkpoint_for
     from speculant.llm import LLM
-    from speculant.loader import load_checkpoint
 
     path = pathlib.Path(opts.dataset) if opts.dataset else default_dataset()
     items = load_dataset(path)
@@ -107,13 +107,17 @@ def run_bench(base: EngineConfig, opts: BenchOptions, checkpoint=None, draft_che
     if opts.repeat < 1:
         raise ValueError(f"--repeat: expected an integer >= 1, got {opts.repeat}")
     items = [dataclasses.replace(item, id=f"{item.id}#{r}" if r else item.id) for r in range(opts.repeat) for item in items]
-    checkpoint = checkpoint or load_checkpoint(base.model.model)
+    # Loaded as an engine loads it (dtype, and quantized GGUF blocks kept under --weights auto/int8/int4)
+    checkpoint = checkpoint or load_checkpoint_for(base.model.model, base.model)
     configs = {m: build_engine_config(method_options(m), base) for m in opts.methods}
     drafts = {c.speculative.draft.model for c in configs.values() if c.speculative.method == "draft"}
     if None in drafts:
         raise ValueError("--methods includes draft: give the draft model with --draft-model")
     if drafts and draft_checkpoint is None and len(drafts) == 1:
-        draft_checkpoint = load_checkpoint(drafts.pop())
+        from speculant.speculative.draft_model import DraftModelProposer
+
+        draft_config = DraftModelProposer.draft_config(next(c for c in configs.values() if c.speculative.method == "draft").speculative, base.model)
+        draft_checkpoint = load_checkpoint_for(drafts.pop(), draft_config)
     llms = {
         m: LLM(config=c, checkpoint=checkpoint, draft_checkpoint=draft_checkpoint if c.speculative.method == "draft" else None)
         for m, c in configs.items()

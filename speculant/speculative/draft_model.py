@@ -32,9 +32,14 @@ class DraftModelProposer(Proposer):
         self.computed: dict[str, int] = {}  # draft KV length per request
         self.carried: dict[str, torch.Tensor] = {}  # [V] draft logits for the next token
 
+    @staticmethod
+    def draft_config(speculative, target):
+        """The draft's ModelConfig: the target's (device, weights mode) with the draft's model and dtype."""
+        draft = speculative.draft
+        return dataclasses.replace(target, model=draft.model, dtype=draft.dtype or target.dtype)
+
     def model_specs(self) -> list[ModelSpec]:
-        draft, target = self.ctx.speculative.draft, self.ctx.model
-        config = dataclasses.replace(target, model=draft.model, dtype=draft.dtype or target.dtype)
+        config = self.draft_config(self.ctx.speculative, self.ctx.model)
         return [ModelSpec(DRAFT, config, self.ctx.draft_checkpoint)]
 
     def memory_bytes(self, max_num_seqs: int) -> dict[str, int]:

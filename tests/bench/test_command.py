@@ -146,3 +146,23 @@ def test_categories_keep_only_their_items(tmp_path, tiny_checkpoint):
     assert [r for r in result["rows"] if r["category"] == "all"][0]["requests"] == 2
     with pytest.raises(ValueError, match="--categories.*poetry"):
         run_bench(build_engine_config(BASE), BenchOptions(dataset=str(dataset), categories=("poetry",)), checkpoint=tiny_checkpoint)
+
+
+def test_checkpoints_are_loaded_as_the_engines_load_them(tmp_path, tiny_checkpoint, tiny_model, monkeypatch):
+    """Under --weights int8 the target and the draft are read with their blocks kept quantized
+    (the engine's own loading), not widened to fp32 first: one copy each, shared by every method."""
+    import speculant.executor.loading as loading
+
+    asked = []
+
+    def fake_load(name, model_config):
+        asked.append((name, model_config.weights, model_config.dtype))
+        return tiny_checkpoint if name == "tiny" else TinyCheckpoint(tiny_model)
+
+    monkeypatch.setattr(loading, "load_checkpoint_for", fake_load)
+    dataset, _ = _plain(tmp_path)
+    base = build_engine_config({**BASE, "draft_model": "tiny-draft", "weights": "int8"})
+    opts = BenchOptions(methods=("none", "draft", "draft:k=2"), dataset=str(dataset), num_prompts=1, max_tokens=4,
+                        batch_sizes=(1,), output=str(tmp_path / "out"), progress=False)
+    run_bench(base, opts)
+    assert asked == [("tiny", "int8", "float32"), ("tiny-draft", "int8", "float32")]
