@@ -1,7 +1,7 @@
 """A cost model of one decode step, fitted at start-up and corrected online from the engine's
 step timings.
 
-    t(step) = f(M) + c * (context tokens / 1000) + o * [some k > 0]
+    t(step) = f(M) + (c + a * M / B) * (context tokens / 1000) + o * [some k > 0]
               + draft cost (the proposer's own measured seconds per draft forward x forwards)
 
 where M = sum_b (k_b + 1) is the number of rows the target's matmuls see. f is piecewise linear
@@ -10,12 +10,18 @@ from linear in its rows: a 2-row verify can cost 1.5x a 1-row step while 4 rows 
 same as 2 (the kernel changes with the row count). A straight line through the 1-row and
 (k+1)-row costs underprices small k's, and small k's are what a low acceptance picks.
 
+The context costs twice over: c per token of KV read (once per sequence, whatever its rows)
+and a per token of KV for each of a sequence's M / B rows (the attention's arithmetic). Measured
+at batch 32 on smollm2 (3.3k tokens of context): a plain step 88 ms, a step verifying 3 rows a
+sequence 255 ms; with c alone a fit over such steps raised c to explain them and priced the plain
+step at 2x its time, so that drafting looked cheap.
+
 o is what a speculative step costs whatever its rows (assembling drafts, verifying, a second
 attention group): without it, a batch of 16 where one request drafts looks almost free.
 
-The coefficients (f at every knot, c and o) are fitted by recursive least squares, forgetting old
-steps (factor 0.98: about the last 50 decode steps count), from a prior: the start-up calibration
-(`speculative.calibration`) or, without one, 10 ms a step plus 1 ms a row. Knots the
+The coefficients (f at every knot, c, a and o) are fitted by recursive least squares, forgetting
+old steps (factor 0.98: about the last 50 decode steps count), from a prior: the start-up
+calibration (`speculative.calibration`) or, without one, 10 ms a step plus 1 ms a row. Knots the
 calibration did not reach are interpolated with a smoothness penalty. Pure arithmetic: no
 engine, no torch.
 """
@@ -39,28 +45,34 @@ def rows(ks: Sequence[int]) -> int:
     return sum(k + 1 for k in ks)
 
 
+CONTEXT, ROW_CONTEXT, OVERHEAD = len(KNOTS), len(KNOTS) + 1, len(KNOTS) + 2  # theta's coefficients after f's knots
+NUM_COEFFICIENTS = len(KNOTS) + 3
+
+
 def features(ks: Sequence[int], context_tokens: int) -> np.ndarray:
-    """[len(KNOTS) + 2]: the hat functions of M over the knots (linear extrapolation past the last
-    knot), context tokens / 1000, and 1 when some sequence verifies drafts."""
+    """[NUM_COEFFICIENTS]: the hat functions of M over the knots (linear extrapolation past the
+    last knot), context tokens / 1000, that times the rows per sequence M / B, and 1 when some
+    sequence verifies drafts."""
     m = float(max(1, rows(ks)))
-    x = np.zeros(len(KNOTS) + 2)
+    x = np.zeros(NUM_COEFFICIENTS)
     j = min(int(np.searchsorted(KNOTS, m, side="right")) - 1, len(KNOTS) - 2)  # segment [KNOTS[j], KNOTS[j+1]]
     w = (m - KNOTS[j]) / (KNOTS[j + 1] - KNOTS[j])
     x[j], x[j + 1] = 1.0 - w, w
-    x[-2] = context_tokens / 1000.0
-    x[-1] = 1.0 if m > len(ks) else 0.0
+    x[CONTEXT] = context_tokens / 1000.0
+    x[ROW_CONTEXT] = x[CONTEXT] * m / max(1, len(ks))
+    x[OVERHEAD] = 1.0 if m > len(ks) else 0.0
     return x
 
 
 def prior_theta() -> np.ndarray:
-    return np.array([PRIOR_STEP_S + PRIOR_ROW_S * k for k in KNOTS] + [PRIOR_CONTEXT_S, 0.0])
+    return np.array([PRIOR_STEP_S + PRIOR_ROW_S * k for k in KNOTS] + [PRIOR_CONTEXT_S, PRIOR_CONTEXT_S, 0.0])
 
 
 class StepCostModel:
     def __init__(self, prior: Sequence[float] | None = None, noise_s: float = 1e-3, forget: float = 0.98) -> None:
-        self.theta = prior_theta() if prior is None else np.array(prior, dtype=float)  # [knots + 2]
+        self.theta = prior_theta() if prior is None else np.array(prior, dtype=float)  # [NUM_COEFFICIENTS]
         scale = np.maximum(np.abs(self.theta), 1e-3)  # prior std of each coefficient
-        scale[-1] = OVERHEAD_PRIOR_S
+        scale[OVERHEAD] = OVERHEAD_PRIOR_S
         self.P = np.diag((scale / noise_s) ** 2)  # covariance of theta over the timing noise
         self._P_trace_max = float(np.trace(self.P)) * 1e3  # no wind-up while the regressors do not vary
         self.forget = forget
@@ -72,15 +84,17 @@ class StepCostModel:
         """A model whose prior is the least-squares fit of measured (ks, context, seconds) samples
         (`speculative.calibration`), second differences of f penalised so that knots between and
         beyond the measured row counts are interpolated; the prior weighs as much as a few steps."""
-        x = np.stack([features(ks, context)[:-1] for ks, context, _ in samples])  # [S, knots + 1]: forwards, no overhead
+        x = np.stack([features(ks, context)[:OVERHEAD] for ks, context, _ in samples])  # [S, OVERHEAD]: forwards, no overhead
         y = np.array([seconds for _, _, seconds in samples])
         n = len(KNOTS)
-        d2 = np.zeros((n - 2, n + 1))  # second differences of f over the knots, per unit of M
+        d2 = np.zeros((n - 2, OVERHEAD))  # second differences of f over the knots, per unit of M
         for i in range(n - 2):
             h0, h1 = KNOTS[i + 1] - KNOTS[i], KNOTS[i + 2] - KNOTS[i + 1]
             d2[i, i], d2[i, i + 1], d2[i, i + 2] = 1 / h0, -(1 / h0 + 1 / h1), 1 / h1
-        lhs = np.concatenate([x, np.sqrt(smoothness) * d2])
-        rhs = np.concatenate([y, np.zeros(n - 2)])
+        context = np.zeros((2, OVERHEAD))  # the context terms too are penalised: of the fits that match
+        context[0, CONTEXT] = context[1, ROW_CONTEXT] = 1.0  # the samples, the rows explain what they can
+        lhs = np.concatenate([x, np.sqrt(smoothness) * d2, np.sqrt(smoothness * 1e-3) * context])
+        rhs = np.concatenate([y, np.zeros(n)])
         theta = np.linalg.lstsq(lhs, rhs, rcond=None)[0]
         model = cls(prior=np.append(theta, 0.0))  # the overhead is learnt online
         model.calibration = [(list(ks), int(c), float(s)) for ks, c, s in samples]
@@ -96,28 +110,29 @@ class StepCostModel:
         numpy per call (the k chooser asks it once per draft slot it considers). More rows never
         cost less: f is made non-decreasing, and a speculative step's knots past the plain step's
         are made so among themselves (the overhead, not those knots, is its jump over plain)."""
-        knots = self.theta[:-2]
+        knots = self.theta[: len(KNOTS)]
         plain_f = np.maximum.accumulate(knots)
         last = len(KNOTS) - 2
         j0 = min(bisect.bisect_right(KNOTS, max(1, num_seqs)) - 1, last)  # the plain step's segment
         spec_f = plain_f.copy()
         spec_f[j0 + 1 :] = np.maximum.accumulate(knots[j0 + 1 :])
         plain_f, spec_f = plain_f.tolist(), spec_f.tolist()
-        extra = max(0.0, float(self.theta[-2])) * context_tokens / 1000.0
-        overhead = max(0.0, float(self.theta[-1]))
+        per_seq = max(0.0, float(self.theta[CONTEXT])) * context_tokens / 1000.0
+        per_row = max(0.0, float(self.theta[ROW_CONTEXT])) * context_tokens / 1000.0 / max(1, num_seqs)
+        overhead = max(0.0, float(self.theta[OVERHEAD]))
 
         def at(f: list[float], m: int) -> float:
             j = min(bisect.bisect_right(KNOTS, m) - 1, last)
             w = (m - KNOTS[j]) / (KNOTS[j + 1] - KNOTS[j])
             return (1.0 - w) * f[j] + w * f[j + 1]
 
-        plain = max(1e-6, at(plain_f, max(1, num_seqs)) + extra)
+        plain = max(1e-6, at(plain_f, max(1, num_seqs)) + per_seq + per_row * max(1, num_seqs))
 
         def seconds(m: int) -> float:
             m = max(1, m)
             if m <= num_seqs:
-                return max(1e-6, at(plain_f, m) + extra)
-            return max(plain, at(spec_f, m) + extra + overhead)
+                return max(1e-6, at(plain_f, m) + per_seq + per_row * m)
+            return max(plain, at(spec_f, m) + per_seq + per_row * m + overhead)
 
         return seconds
 

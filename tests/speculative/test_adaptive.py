@@ -10,6 +10,7 @@ import pytest
 from testkit import greedy_params, tiny_hf_model, tiny_llm
 
 from speculant.config_options import add_engine_arguments, engine_config_from_args
+from speculant.speculative.cost_model import KNOTS
 
 GREEDY = greedy_params()
 PROMPTS = [[5, 6, 7, 8, 9], list(range(10, 40)), [3], [9, 9, 9, 9, 9, 9], list(range(100, 117)), [7, 1, 7, 1, 7, 1]]
@@ -103,7 +104,7 @@ def test_a_probe_takes_at_most_one_draft_past_the_choice_at_the_mean():
     adaptive = AdaptiveK(lambda ks: max(ks, default=0))
     adaptive.draft_forward_s.value = 0.02  # a draft forward costs a fifth of a target step
     adaptive.cost.theta[:] = 0.0
-    adaptive.cost.theta[:-2] = 0.1  # the target: 100 ms whatever its rows
+    adaptive.cost.theta[: len(KNOTS)] = 0.1  # the target: 100 ms whatever its rows
     request = SimpleNamespace(request_id="r", num_computed_tokens=10)
     for _ in range(30):  # slot 0 always right, slot 1 half the time; later slots never reached
         adaptive.tracker.record("r", 2, 2)
@@ -214,7 +215,7 @@ def test_a_backlog_is_caught_up_only_when_the_rest_of_the_answer_pays_for_it():
 
     adaptive = AdaptiveK(lambda ks: max(ks, default=0))
     adaptive.cost.theta[:] = 0.0
-    adaptive.cost.theta[:-2] = 0.1  # the target: 100 ms a step whatever its rows
+    adaptive.cost.theta[: len(KNOTS)] = 0.1  # the target: 100 ms a step whatever its rows
     adaptive.draft_forward_s.value, adaptive.catch_up_s.value = 0.01, 0.005  # 5 ms per backlog token
     for _ in range(50):
         adaptive.tracker.record("r", 3, 3)  # drafts always right: worth 3 more tokens a step

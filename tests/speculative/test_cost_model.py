@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from speculant.speculative.cost_model import MovingAverage, StepCostModel, rows
+from speculant.speculative.cost_model import OVERHEAD, MovingAverage, StepCostModel, rows
 
 
 def cpu_like(m: int) -> float:
@@ -62,7 +62,7 @@ def test_calibration_prices_a_two_row_verify_as_measured_not_on_a_line():
     model = StepCostModel.calibrated(samples)
     assert model.predict([1], 64) / model.predict([0], 64) == pytest.approx(1.5, rel=1e-3)
     for k in (0, 1, 2, 3, 8):
-        assert model.predict([k], 64) == pytest.approx(cpu_like(k + 1), rel=1e-3)
+        assert model.predict([k], 64) == pytest.approx(cpu_like(k + 1), rel=5e-3)  # the context terms share the fit
     assert cpu_like(4) < model.predict([5], 64) < cpu_like(9)  # between measured rows: interpolated
     assert model.predict([15], 64) > model.predict([8], 64)  # past them: extrapolated, still growing
     assert model.predict([0], 960) == pytest.approx(cpu_like(1) + 0.002, rel=1e-3)  # 0.001 s per 448 tokens
@@ -81,7 +81,7 @@ def test_moving_average_starts_at_the_prior_then_follows():
 def test_the_curve_equals_predict():
     model = StepCostModel.calibrated([([k], 64, cpu_like(k + 1)) for k in (0, 1, 2, 3, 8)] + [([0] * 8, 512, 0.2)])
     model.theta[3] -= 0.01  # a dip the prediction smooths away
-    model.theta[-1] = 0.004  # a speculative step's overhead
+    model.theta[OVERHEAD] = 0.004  # a speculative step's overhead
     for ks in ([0], [1], [3], [7], [2] * 5, [0] * 40, [0] * 39 + [1], [8] * 300):
         curve = model.curve(700, len(ks))
         assert curve(sum(k + 1 for k in ks)) == pytest.approx(model.predict(ks, 700), rel=1e-12)
