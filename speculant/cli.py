@@ -94,7 +94,7 @@ def _bench(args: argparse.Namespace) -> int:
     if args.speculative is not None:
         raise ValueError("--speculative: bench runs every method of --methods; list them there")
     opts = BenchOptions(
-        methods=args.methods, dataset=args.dataset, categories=args.categories, num_prompts=args.num_prompts, max_turns=args.max_turns, repeat=args.repeat, max_tokens=args.max_tokens,
+        methods=args.methods, dataset=args.dataset, categories=args.categories, num_prompts=args.num_prompts, max_turns=args.max_turns, repeat=args.repeat, rounds=args.rounds, max_tokens=args.max_tokens,
         batch_sizes=args.batch_sizes, temperature=args.temperature, seed=args.request_seed,
         output=args.output, peers=args.peers, progress=not args.no_progress,
     )
@@ -113,6 +113,7 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-prompts", type=int, default=20, help="items, taken round-robin over categories")
     p.add_argument("--max-turns", type=int, default=None, help="keep each item's first N user turns (1: first turns only)")
     p.add_argument("--repeat", type=int, default=1, help="run every item N times, all items once before any repeat (repeated requests)")
+    p.add_argument("--rounds", type=int, default=1, help="run every chunk of items N times under every method, the method order reversed each round (machine drift weighs on all alike)")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--batch-sizes", type=_checked(parse_batch_sizes), default=(1, 16), help="comma-separated, e.g. 1,16")
     p.add_argument("--temperature", type=float, default=0.0)

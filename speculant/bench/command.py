@@ -26,6 +26,7 @@ class BenchOptions:
     num_prompts: int | None = 20
     max_turns: int | None = None  # keep each item's first turns only (1: MT-bench first turns)
     repeat: int = 1  # every item this many times, all items once before any repeats (repeated requests)
+    rounds: int = 1  # every chunk this many times under every method, the order reversed each round
     max_tokens: int = 64
     batch_sizes: tuple[int, ...] = (1, 16)
     temperature: float = 0.0
@@ -106,7 +107,10 @@ def run_bench(base: EngineConfig, opts: BenchOptions, checkpoint=None, draft_che
         items = [dataclasses.replace(item, turns=item.turns[: opts.max_turns]) for item in items]
     if opts.repeat < 1:
         raise ValueError(f"--repeat: expected an integer >= 1, got {opts.repeat}")
+    if opts.rounds < 1:
+        raise ValueError(f"--rounds: expected an integer >= 1, got {opts.rounds}")
     items = [dataclasses.replace(item, id=f"{item.id}#{r}" if r else item.id) for r in range(opts.repeat) for item in items]
+    given = [c for c in (checkpoint, draft_checkpoint) if c is not None]  # the caller's: left as they are
     # Loaded as an engine loads it (dtype, and quantized GGUF blocks kept under --weights auto/int8/int4)
     checkpoint = checkpoint or load_checkpoint_for(base.model.model, base.model)
     configs = {m: build_engine_config(method_options(m), base) for m in opts.methods}
@@ -122,10 +126,13 @@ def run_bench(base: EngineConfig, opts: BenchOptions, checkpoint=None, draft_che
         m: LLM(config=c, checkpoint=checkpoint, draft_checkpoint=draft_checkpoint if c.speculative.method == "draft" else None)
         for m, c in configs.items()
     }
+    if not opts.peers:  # the engines hold what they run (packed copies, shared tensors): the rest is dead weight
+        for loaded in {id(c): c for c in (checkpoint, draft_checkpoint) if c is not None and c not in given}.values():
+            loaded.weights.clear()
     params = SamplingParams(max_tokens=opts.max_tokens, temperature=opts.temperature, seed=opts.seed if opts.temperature > 0 else None)
     start = time.perf_counter()
     try:
-        runs = run_suite(llms, items, list(opts.batch_sizes), params, progress=opts.progress)
+        runs = run_suite(llms, items, list(opts.batch_sizes), params, progress=opts.progress, rounds=opts.rounds)
     finally:
         for llm in llms.values():
             llm.close()
@@ -138,7 +145,7 @@ def run_bench(base: EngineConfig, opts: BenchOptions, checkpoint=None, draft_che
     setup = {
         "model": base.model.model, "draft_model": base.speculative.draft.model, "dataset": str(path), "categories": opts.categories,
         "items": len(items), "methods": list(opts.methods), "batch_sizes": list(opts.batch_sizes),
-        "max_tokens": opts.max_tokens, "max_turns": opts.max_turns, "repeat": opts.repeat, "temperature": opts.temperature,
+        "max_tokens": opts.max_tokens, "max_turns": opts.max_turns, "repeat": opts.repeat, "rounds": opts.rounds, "temperature": opts.temperature,
         "num_draft_tokens": base.speculative.num_draft_tokens, "dtype": base.model.dtype,
         "wall_s": time.perf_counter() - start, "machine": machine(),
     }

@@ -58,32 +58,38 @@ def run_suite(
     batch_sizes: list[int],
     params: SamplingParams,
     progress: bool = True,
+    rounds: int = 1,
 ) -> list[MethodRun]:
-    """Run every method (name -> LLM) over the items at every batch size."""
+    """Run every method (name -> LLM) over the items at every batch size. With rounds > 1 every
+    chunk runs that many times under every method, the method order reversed each round (A B,
+    B A, ...) so that a machine slowing down or speeding up over the run weighs on all methods
+    alike; each round has its own n-gram store scope (an output of round 1 is no draft for round 2)."""
     for llm in llms.values():  # warm-up: first-call costs stay out of the measured runs
         llm.generate([_turn_prompt(llm, items[0], [], 0)], SamplingParams(max_tokens=4, temperature=0))
     runs = {(m, b): MethodRun(m, b) for b in batch_sizes for m in llms}
-    total = sum(len(items) for _ in batch_sizes) * len(llms)
+    total = sum(len(items) for _ in batch_sizes) * len(llms) * rounds
     with tqdm(total=total, desc="bench", unit="item", disable=not progress) as bar:
         for b in batch_sizes:
             for start in range(0, len(items), WAVES * b):
                 chunk = items[start : start + WAVES * b]
-                for method, llm in llms.items():
-                    _run_chunk(llm, chunk, b, params, runs[method, b])
-                    bar.update(len(chunk))
+                for r in range(rounds):
+                    order = list(llms.items()) if r % 2 == 0 else list(llms.items())[::-1]
+                    for method, llm in order:
+                        _run_chunk(llm, chunk, b, params, runs[method, b], f"batch-{b}" + (f"/round-{r}" if r else ""))
+                        bar.update(len(chunk))
     return list(runs.values())
 
 
 WAVES = 4  # a chunk holds this many batches' worth of items
 
 
-def _run_chunk(llm: LLM, chunk: list[Conversation], batch_size: int, params: SamplingParams, run: MethodRun) -> None:
+def _run_chunk(llm: LLM, chunk: list[Conversation], batch_size: int, params: SamplingParams, run: MethodRun, scope: str) -> None:
     spec, timeline = llm.engine.stats.spec_stats, llm.engine.timeline
     acc0, prop0 = list(spec.accepted_by_position), list(spec.proposed_by_position)
     steps0, host0, hidden0 = llm.engine.stats.steps, timeline.host_s, timeline.hidden_s
     done = [ItemRun(item) for item in chunk]
     start = time.perf_counter()
-    _run_in_flight(llm, done, batch_size, params)
+    _run_in_flight(llm, done, batch_size, params, scope)
     run.wall_s += time.perf_counter() - start
     run.items += done
     run.accepted_by_position = _add(run.accepted_by_position, _sub(spec.accepted_by_position, acc0))
@@ -93,17 +99,17 @@ def _run_chunk(llm: LLM, chunk: list[Conversation], batch_size: int, params: Sam
     run.host_hidden_s += timeline.hidden_s - hidden0
 
 
-def _run_in_flight(llm: LLM, runs: list[ItemRun], batch_size: int, params: SamplingParams) -> None:
+def _run_in_flight(llm: LLM, runs: list[ItemRun], batch_size: int, params: SamplingParams, scope: str) -> None:
     """Every turn of every item, batch_size requests in flight: a finished turn is replaced by
-    its item's next turn, else by the next item not started."""
+    its item's next turn, else by the next item not started. `scope` names the n-gram store the
+    requests share (one per batch size and round)."""
     engine, waiting = llm.engine, deque(runs)
     pending: dict[str, tuple[ItemRun, float]] = {}  # request id -> (its item, submit time)
     last: dict[str, float] = {}  # request id -> time of its latest tokens
 
     def submit(r: ItemRun) -> None:
         prompt = _turn_prompt(llm, r.item, r.token_ids, len(r.token_ids))
-        user = f"{llm.user}/batch-{batch_size}"  # each batch size starts with its own n-gram store
-        pending[engine.add_request(prompt, params, user=user).request_id] = (r, time.perf_counter())
+        pending[engine.add_request(prompt, params, user=f"{llm.user}/{scope}").request_id] = (r, time.perf_counter())
 
     while waiting and len(pending) < batch_size:
         submit(waiting.popleft())

@@ -74,7 +74,7 @@ class Proposer(ABC):
         adaptive k, the step cost model's prior (`speculative.calibration`; cached per machine)."""
         if self.adaptive is None:
             return
-        k_max, ctx = self.ctx.speculative.num_draft_tokens, self.ctx
+        k_max, ctx = calibration.calibrated_k(self.ctx.speculative.num_draft_tokens), self.ctx
         key = calibration.cache_key(ctx.model, ctx.target_arch, k_max)
         samples = calibration.load_cached(key)
         if samples is None:

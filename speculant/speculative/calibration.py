@@ -1,7 +1,7 @@
 """Start-up calibration of the step cost model (adaptive k), cached per machine and model shape.
 
 Target forwards shaped like decode steps are timed once (`points`): one sequence verifying every
-1..k + 1 tokens, batches of 8 and 32 sequences, and one sequence over a longer context, so that
+1..max(k, MIN_K) + 1 tokens, batches of 8 and 32 sequences, and one sequence over a longer context, so that
 `StepCostModel`'s cost by row count and its context coefficient are determined. The fit seeds the online model, which the engine's measured step times then correct.
 Results are cached in `$SPECULANT_CACHE/step_cost.json` under a key of the CPU, threads, torch
 version, device, dtype, weights and the target's shape, so only the first start measures.
@@ -26,6 +26,7 @@ SHORT_CONTEXT, LONG_CONTEXT = 64, 512  # tokens of context per sequence
 BATCHES = (8, 32)  # sequences of the batched points (at most the scheduler's max_num_seqs)
 REPEATS = 3  # forwards timed per point (the fastest counts)
 CALIBRATION_ID = "<step cost calibration {}>"  # page-table ids of the scratch sequences
+MIN_K = 8  # rows measured up to max(k, MIN_K) + 1 a sequence: engines with k <= 8 share one calibration
 
 Sample = tuple[list[int], int, float]  # (verified tokens - 1 per sequence, context tokens, seconds)
 
@@ -64,6 +65,12 @@ def measure(pages: PageTables, k_max: int, max_seqs: int, max_position: int) -> 
             for seq in ids:
                 pages.release(seq)
     return samples
+
+
+def calibrated_k(k_max: int) -> int:
+    """The k a calibration measures for engines of up to `k_max` drafts: one entry serves every k
+    up to MIN_K (a quantized 1.5B target takes minutes per calibration on this CPU)."""
+    return max(k_max, MIN_K)
 
 
 def cache_key(model: ModelConfig, arch: ArchConfig, k_max: int) -> str:

@@ -137,6 +137,29 @@ def test_repeat_runs_every_item_again_after_all_of_them(tmp_path, tiny_checkpoin
         run_bench(build_engine_config(BASE), BenchOptions(dataset=str(dataset), repeat=0), checkpoint=tiny_checkpoint)
 
 
+def test_rounds_run_every_item_again_under_every_method_in_reversed_order(tmp_path, tiny_checkpoint, monkeypatch):
+    """--rounds 3: each method runs each item 3 times, the order A B, B A, A B; every round has
+    its own n-gram store scope, so a round's outputs draft nothing for the next (the τ of one round)."""
+    import speculant.bench.suite as suite
+
+    order = []
+    chunk = suite._run_chunk
+    monkeypatch.setattr(suite, "_run_chunk", lambda llm, *args: (order.append(llm), chunk(llm, *args))[1])
+    dataset, _ = _plain(tmp_path)
+    opts = dict(methods=("none", "ngram"), dataset=str(dataset), num_prompts=None, max_tokens=8, batch_sizes=(1,), progress=False)
+    once = run_bench(build_engine_config(BASE), BenchOptions(**opts), checkpoint=tiny_checkpoint)
+    order.clear()
+    result = run_bench(build_engine_config(BASE), BenchOptions(**opts, rounds=3), checkpoint=tiny_checkpoint)
+    none, ngram = order[0], order[1]
+    assert order == [none, ngram, ngram, none, none, ngram]
+    rows = {r["method"]: r for r in result["rows"] if r["category"] == "all"}
+    assert rows["none"]["requests"] == rows["ngram"]["requests"] == 6 and result["setup"]["rounds"] == 3
+    assert rows["ngram"]["same_tokens"]
+    assert rows["ngram"]["tau"] == pytest.approx([r for r in once["rows"] if r["method"] == "ngram" and r["category"] == "all"][0]["tau"])
+    with pytest.raises(ValueError, match="--rounds"):
+        run_bench(build_engine_config(BASE), BenchOptions(dataset=str(dataset), rounds=0), checkpoint=tiny_checkpoint)
+
+
 def test_categories_keep_only_their_items(tmp_path, tiny_checkpoint):
     dataset, _ = _mt_bench(tmp_path)
     opts = BenchOptions(methods=("none",), dataset=str(dataset), categories=("writing",), num_prompts=None, max_turns=1,
@@ -150,19 +173,23 @@ def test_categories_keep_only_their_items(tmp_path, tiny_checkpoint):
 
 def test_checkpoints_are_loaded_as_the_engines_load_them(tmp_path, tiny_checkpoint, tiny_model, monkeypatch):
     """Under --weights int8 the target and the draft are read with their blocks kept quantized
-    (the engine's own loading), not widened to fp32 first: one copy each, shared by every method."""
+    (the engine's own loading), not widened to fp32 first: one copy each, shared by every method,
+    and let go once the engines hold their own (packed) weights."""
     import speculant.executor.loading as loading
 
-    asked = []
+    asked, loaded = [], []
 
     def fake_load(name, model_config):
         asked.append((name, model_config.weights, model_config.dtype))
-        return tiny_checkpoint if name == "tiny" else TinyCheckpoint(tiny_model)
+        loaded.append(TinyCheckpoint(tiny_model, tiny_checkpoint.tokenizer))
+        return loaded[-1]
 
     monkeypatch.setattr(loading, "load_checkpoint_for", fake_load)
     dataset, _ = _plain(tmp_path)
     base = build_engine_config({**BASE, "draft_model": "tiny-draft", "weights": "int8"})
     opts = BenchOptions(methods=("none", "draft", "draft:k=2"), dataset=str(dataset), num_prompts=1, max_tokens=4,
                         batch_sizes=(1,), output=str(tmp_path / "out"), progress=False)
-    run_bench(base, opts)
+    rows = run_bench(base, opts)["rows"]
     assert asked == [("tiny", "int8", "float32"), ("tiny-draft", "int8", "float32")]
+    assert all(r["same_tokens"] is not False for r in rows)
+    assert all(not c.weights for c in loaded)  # once the engines are built, the bench lets its checkpoints go

@@ -43,4 +43,6 @@ def test_first_start_measures_and_caches_then_the_cache_is_read(tmp_path, monkey
     monkeypatch.setattr(calibration, "measure", no_measuring)
     again = tiny_llm(target, draft, num_draft_tokens=3, adaptive_k=True).stats()
     assert again["step_cost_calibration"] == first
+    other_k = tiny_llm(target, draft, num_draft_tokens=6, adaptive_k=True).stats()  # k <= MIN_K: the same entry
+    assert other_k["step_cost_calibration"] == first
     assert "step_cost_calibration" not in tiny_llm(target, draft, num_draft_tokens=3, adaptive_k=False).stats()  # fixed k: none
