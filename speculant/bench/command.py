@@ -110,9 +110,10 @@ def run_bench(base: EngineConfig, opts: BenchOptions, checkpoint=None, draft_che
     if opts.rounds < 1:
         raise ValueError(f"--rounds: expected an integer >= 1, got {opts.rounds}")
     items = [dataclasses.replace(item, id=f"{item.id}#{r}" if r else item.id) for r in range(opts.repeat) for item in items]
-    given = [c for c in (checkpoint, draft_checkpoint) if c is not None]  # the caller's: left as they are
-    # Loaded as an engine loads it (dtype, and quantized GGUF blocks kept under --weights auto/int8/int4)
-    checkpoint = checkpoint or load_checkpoint_for(base.model.model, base.model)
+    owned = []  # checkpoints loaded here (the caller's are left as they are)
+    if checkpoint is None:  # loaded as an engine loads it (dtype; quantized GGUF blocks kept under --weights auto/int8/int4)
+        checkpoint = load_checkpoint_for(base.model.model, base.model)
+        owned.append(checkpoint)
     configs = {m: build_engine_config(method_options(m), base) for m in opts.methods}
     drafts = {c.speculative.draft.model for c in configs.values() if c.speculative.method == "draft"}
     if None in drafts:
@@ -122,12 +123,13 @@ def run_bench(base: EngineConfig, opts: BenchOptions, checkpoint=None, draft_che
 
         draft_config = DraftModelProposer.draft_config(next(c for c in configs.values() if c.speculative.method == "draft").speculative, base.model)
         draft_checkpoint = load_checkpoint_for(drafts.pop(), draft_config)
+        owned.append(draft_checkpoint)
     llms = {
         m: LLM(config=c, checkpoint=checkpoint, draft_checkpoint=draft_checkpoint if c.speculative.method == "draft" else None)
         for m, c in configs.items()
     }
     if not opts.peers:  # the engines hold what they run (packed copies, shared tensors): the rest is dead weight
-        for loaded in {id(c): c for c in (checkpoint, draft_checkpoint) if c is not None and c not in given}.values():
+        for loaded in owned:
             loaded.weights.clear()
     params = SamplingParams(max_tokens=opts.max_tokens, temperature=opts.temperature, seed=opts.seed if opts.temperature > 0 else None)
     start = time.perf_counter()
