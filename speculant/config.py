@@ -191,12 +191,17 @@ class DraftModelConfig:
     model: str | None = option(None, "draft registry name, HF folder or .gguf file (the target's vocabulary)")
     sampling: str = option("greedy", "greedy: the draft's argmax (one-hot); sample: draw from the draft", choices=("greedy", "sample"))
     dtype: str | None = option(None, "the draft's dtype (None: the target's); bfloat16 speeds a CPU draft", choices=tuple(_DTYPES))
+    weights: str | None = option(
+        None, "the draft's linear weights, as --weights (None: the target's)", choices=_WEIGHT_MODES,
+    )
 
     def __post_init__(self) -> None:
         if self.sampling not in ("greedy", "sample"):
             raise ValueError(f"draft_sampling must be 'greedy' or 'sample', got {self.sampling!r}")
         if self.dtype is not None and self.dtype not in _DTYPES:
             raise ValueError(f"draft_dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if self.weights is not None and self.weights not in _WEIGHT_MODES:
+            raise ValueError(f"draft_weights must be one of {list(_WEIGHT_MODES)}, got {self.weights!r}")
 
 
 @dataclass(frozen=True)

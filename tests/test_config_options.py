@@ -91,7 +91,7 @@ def test_public_keyword_names_are_kept():
     names = {opt.name for opt in engine_options()}
     assert names >= {
         "model", "dtype", "device", "attention_backend", "seed", "speculative", "draft_model",
-        "num_draft_tokens", "draft_sampling", "draft_dtype", "page_size", "kv_cache_bytes",
+        "num_draft_tokens", "draft_sampling", "draft_dtype", "draft_weights", "page_size", "kv_cache_bytes",
         "num_pages", "max_num_seqs", "max_num_batched_tokens", "max_waiting", "ngram_max_n", "ngram_min_n",
     }  # fmt: skip
     assert OPTIONS[("speculative", "method")].name == "speculative"

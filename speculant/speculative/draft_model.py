@@ -34,9 +34,10 @@ class DraftModelProposer(Proposer):
 
     @staticmethod
     def draft_config(speculative, target):
-        """The draft's ModelConfig: the target's (device, weights mode) with the draft's model and dtype."""
+        """The draft's ModelConfig: the target's (device, attention backend) with the draft's
+        model, and its dtype and weights mode where set."""
         draft = speculative.draft
-        return dataclasses.replace(target, model=draft.model, dtype=draft.dtype or target.dtype)
+        return dataclasses.replace(target, model=draft.model, dtype=draft.dtype or target.dtype, weights=draft.weights or target.weights)
 
     def model_specs(self) -> list[ModelSpec]:
         config = self.draft_config(self.ctx.speculative, self.ctx.model)

@@ -33,6 +33,19 @@ def test_weak_draft_greedy_equals_plain(target, weak_draft, plain_outputs, k, ba
     assert stats["kv_pages_used"] == 0
 
 
+def test_the_draft_s_own_weights_mode_keeps_the_target_s_output(target, weak_draft, plain_outputs):
+    """draft_weights="int8" quantizes the draft alone (the target stays fp32): drafts are only
+    proposals, so the output is the target's."""
+    from speculant.layers.linear import DenseLinear, Int8Linear
+
+    llm = tiny_llm(target, weak_draft, num_draft_tokens=3, adaptive_k=False, draft_weights="int8")
+    assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == plain_outputs
+    runners = llm.engine.executor._runners
+    assert isinstance(runners[DRAFT].model.layers[0].gate_up, Int8Linear)
+    assert isinstance(runners[TARGET].model.layers[0].gate_up, DenseLinear)
+    assert llm.stats()["draft_tokens"] > 0
+
+
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_target_as_own_draft_accepts_everything(target, plain_outputs, k):
     llm = tiny_llm(target, target, num_draft_tokens=k, adaptive_k=False)
