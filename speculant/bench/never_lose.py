@@ -91,7 +91,7 @@ def markdown(b1: list[dict], batched: list[dict]) -> str:
     lines += ["", "| method | batch | category | plain tok/s | adaptive tok/s | ratio | τ | ≥ 0.98x |", "|---|---|---|---|---|---|---|---|"]
     for r in sorted(batched, key=lambda r: (r["family"], r["batch"], r["category"])):
         lines.append(f"| {r['family']} | {r['batch']} | {r['category']} | {r['plain_tok_s']:.1f} | {r['adaptive_tok_s']:.1f} | "
-                     f"**{r['ratio']:.2f}x** | {r['tau']:.2f} | {'✓' if r['ratio'] >= FLOOR else '✗'} |")
+                     f"**{r['ratio']:.3f}x** | {r['tau']:.2f} | {'✓' if r['ratio'] >= FLOOR else '✗'} |")
     return "\n".join(lines)
 
 
