@@ -63,12 +63,12 @@ def main(argv: list[str] | None = None) -> dict:
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0, logprobs=True, top_logprobs=2)
     plain_llm = LLM(config=build_engine_config({"speculative": "none"}, base))
     prompts = [plain_llm.apply_chat_template([{"role": "user", "content": item.turns[0]}]) if item.chat else item.turns[0] for item in items]
-    plain = plain_llm.generate(prompts, params)
+    plain = [plain_llm.generate([p], params)[0] for p in prompts]  # batch 1, as the speculative runs
     plain_llm.close()
     rows, details = [], {}
     for method in args.methods.split(","):
         llm = LLM(config=build_engine_config(method_options(method), base))
-        spec = llm.generate(prompts, SamplingParams(max_tokens=args.max_tokens, temperature=0))
+        spec = [llm.generate([p], SamplingParams(max_tokens=args.max_tokens, temperature=0))[0] for p in prompts]
         llm.close()
         found = [parting(p.token_ids, p.top_logprobs, s.token_ids) for p, s in zip(plain, spec)]
         parted = [f for f in found if f is not None]
