@@ -203,6 +203,11 @@ class DraftModelConfig:
         if self.weights is not None and self.weights not in _WEIGHT_MODES:
             raise ValueError(f"draft_weights must be one of {list(_WEIGHT_MODES)}, got {self.weights!r}")
 
+    def model_config(self, target: ModelConfig) -> ModelConfig:
+        """The draft's ModelConfig: the target's (device, attention backend) with the draft's
+        model, and its dtype and weights mode where set."""
+        return dataclasses.replace(target, model=self.model, dtype=self.dtype or target.dtype, weights=self.weights or target.weights)
+
 
 @dataclass(frozen=True)
 class NgramConfig:

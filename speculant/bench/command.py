@@ -90,11 +90,36 @@ def parse_batch_sizes(text: str) -> tuple[int, ...]:
     return tuple(sorted(set(sizes)))
 
 
-def run_bench(base: EngineConfig, opts: BenchOptions, checkpoint=None, draft_checkpoint=None) -> dict:
-    """Run the benchmark; returns {"setup", "rows", "table"}; writes JSON and PNGs to opts.output."""
+def shared_checkpoints(base: EngineConfig, configs: dict[str, EngineConfig], checkpoint=None, draft_checkpoint=None) -> tuple:
+    """(target checkpoint, draft checkpoint or None, those loaded here): each loaded once, as an
+    engine loads it (dtype; quantized GGUF blocks kept under --weights auto/int8/int4), for every
+    method's engine to share; a checkpoint the caller passes is used as it is."""
     from speculant.executor.loading import load_checkpoint_for
+
+    owned = []
+    if checkpoint is None:
+        checkpoint = load_checkpoint_for(base.model.model, base.model)
+        owned.append(checkpoint)
+    drafting = [c for c in configs.values() if c.speculative.method == "draft"]
+    if any(c.speculative.draft.model is None for c in drafting):
+        raise ValueError("--methods includes draft: give the draft model with --draft-model")
+    if drafting and draft_checkpoint is None and len({c.speculative.draft.model for c in drafting}) == 1:
+        draft = drafting[0].speculative.draft
+        draft_checkpoint = load_checkpoint_for(draft.model, draft.model_config(drafting[0].model))
+        owned.append(draft_checkpoint)
+    return checkpoint, draft_checkpoint, owned
+
+
+def method_llm(config: EngineConfig, checkpoint, draft_checkpoint):
+    """One method's LLM over the shared checkpoints (the draft model's goes to draft-target only:
+    an MTP method would read it as its head)."""
     from speculant.llm import LLM
 
+    return LLM(config=config, checkpoint=checkpoint, draft_checkpoint=draft_checkpoint if config.speculative.method == "draft" else None)
+
+
+def run_bench(base: EngineConfig, opts: BenchOptions, checkpoint=None, draft_checkpoint=None) -> dict:
+    """Run the benchmark; returns {"setup", "rows", "table"}; writes JSON and PNGs to opts.output."""
     path = pathlib.Path(opts.dataset) if opts.dataset else default_dataset()
     items = load_dataset(path)
     if opts.categories is not None:
@@ -110,24 +135,9 @@ def run_bench(base: EngineConfig, opts: BenchOptions, checkpoint=None, draft_che
     if opts.rounds < 1:
         raise ValueError(f"--rounds: expected an integer >= 1, got {opts.rounds}")
     items = [dataclasses.replace(item, id=f"{item.id}#{r}" if r else item.id) for r in range(opts.repeat) for item in items]
-    owned = []  # checkpoints loaded here (the caller's are left as they are)
-    if checkpoint is None:  # loaded as an engine loads it (dtype; quantized GGUF blocks kept under --weights auto/int8/int4)
-        checkpoint = load_checkpoint_for(base.model.model, base.model)
-        owned.append(checkpoint)
     configs = {m: build_engine_config(method_options(m), base) for m in opts.methods}
-    drafts = {c.speculative.draft.model for c in configs.values() if c.speculative.method == "draft"}
-    if None in drafts:
-        raise ValueError("--methods includes draft: give the draft model with --draft-model")
-    if drafts and draft_checkpoint is None and len(drafts) == 1:
-        from speculant.speculative.draft_model import DraftModelProposer
-
-        draft_config = DraftModelProposer.draft_config(next(c for c in configs.values() if c.speculative.method == "draft").speculative, base.model)
-        draft_checkpoint = load_checkpoint_for(drafts.pop(), draft_config)
-        owned.append(draft_checkpoint)
-    llms = {
-        m: LLM(config=c, checkpoint=checkpoint, draft_checkpoint=draft_checkpoint if c.speculative.method == "draft" else None)
-        for m, c in configs.items()
-    }
+    checkpoint, draft_checkpoint, owned = shared_checkpoints(base, configs, checkpoint, draft_checkpoint)
+    llms = {m: method_llm(c, checkpoint, draft_checkpoint) for m, c in configs.items()}
     if not opts.peers:  # the engines hold what they run (packed copies, shared tensors): the rest is dead weight
         for loaded in owned:
             loaded.weights.clear()

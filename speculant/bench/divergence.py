@@ -19,15 +19,15 @@ from __future__ import annotations
 import argparse
 import json
 
-from speculant.bench.command import method_options
+from speculant.bench.command import method_llm, method_options, shared_checkpoints
 from speculant.bench.common import print_table, write_json
 from speculant.bench.datasets import load_dataset, select
+from speculant.bench.suite import turn_messages
 from speculant.config_options import (
     add_engine_arguments,
     build_engine_config,
     engine_config_from_args,
 )
-from speculant.llm import LLM
 from speculant.sampling.params import SamplingParams
 
 
@@ -60,16 +60,17 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     base = engine_config_from_args(args)
     items = select(load_dataset(args.dataset), args.num_prompts)
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=0, logprobs=True, top_logprobs=2)
-    plain_llm = LLM(config=build_engine_config({"speculative": "none"}, base))
-    prompts = [plain_llm.apply_chat_template([{"role": "user", "content": item.turns[0]}]) if item.chat else item.turns[0] for item in items]
-    plain = [plain_llm.generate([p], params)[0] for p in prompts]  # batch 1, as the speculative runs
-    plain_llm.close()
-    rows, details = [], {}
-    for method in args.methods.split(","):
-        llm = LLM(config=build_engine_config(method_options(method), base))
-        spec = [llm.generate([p], SamplingParams(max_tokens=args.max_tokens, temperature=0))[0] for p in prompts]
+    configs = {m: build_engine_config(method_options(m), base) for m in ["none", *args.methods.split(",")]}
+    checkpoint, draft_checkpoint, _ = shared_checkpoints(base, configs)  # loaded once for every engine
+    outputs = {}
+    for method, config in configs.items():  # one engine at a time, each prompt alone (batch 1)
+        llm = method_llm(config, checkpoint, draft_checkpoint)
+        params = SamplingParams(max_tokens=args.max_tokens, temperature=0, logprobs=method == "none", top_logprobs=2 * (method == "none"))
+        outputs[method] = [llm.generate([turn_messages(llm.tokenizer, item, [], 0)], params)[0] for item in items]
         llm.close()
+    plain = outputs.pop("none")
+    rows, details = [], {}
+    for method, spec in outputs.items():
         found = [parting(p.token_ids, p.top_logprobs, s.token_ids) for p, s in zip(plain, spec)]
         parted = [f for f in found if f is not None]
         margins = [f["margin"] for f in parted if f["margin"] is not None]

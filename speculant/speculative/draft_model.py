@@ -11,7 +11,6 @@ class decides what it is fed and reads the results.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import torch
@@ -32,15 +31,8 @@ class DraftModelProposer(Proposer):
         self.computed: dict[str, int] = {}  # draft KV length per request
         self.carried: dict[str, torch.Tensor] = {}  # [V] draft logits for the next token
 
-    @staticmethod
-    def draft_config(speculative, target):
-        """The draft's ModelConfig: the target's (device, attention backend) with the draft's
-        model, and its dtype and weights mode where set."""
-        draft = speculative.draft
-        return dataclasses.replace(target, model=draft.model, dtype=draft.dtype or target.dtype, weights=draft.weights or target.weights)
-
     def model_specs(self) -> list[ModelSpec]:
-        config = self.draft_config(self.ctx.speculative, self.ctx.model)
+        config = self.ctx.speculative.draft.model_config(self.ctx.model)
         return [ModelSpec(DRAFT, config, self.ctx.draft_checkpoint)]
 
     def memory_bytes(self, max_num_seqs: int) -> dict[str, int]:
