@@ -64,8 +64,10 @@ def run_suite(
     chunk runs that many times under every method, the method order reversed each round (A B,
     B A, ...) so that a machine slowing down or speeding up over the run weighs on all methods
     alike; each round has its own n-gram store scope (an output of round 1 is no draft for round 2)."""
-    for llm in llms.values():  # warm-up: first-call costs stay out of the measured runs
-        llm.generate([_turn_prompt(llm, items[0], [], 0)], SamplingParams(max_tokens=4, temperature=0))
+    for llm in llms.values():  # warm-up: first-call costs stay out of the measured runs (a fresh
+        # 1.5B engine's first prefill of 16 prompts took 1.7-3.5 s longer than its second: a batch's worth)
+        warm = [_turn_prompt(llm, item, [], 0) for item in items[: max(batch_sizes)]]
+        llm.generate(warm, SamplingParams(max_tokens=4, temperature=0))
     runs = {(m, b): MethodRun(m, b) for b in batch_sizes for m in llms}
     total = sum(len(items) for _ in batch_sizes) * len(llms) * rounds
     with tqdm(total=total, desc="bench", unit="item", disable=not progress) as bar:

@@ -1,8 +1,10 @@
 """Start-up calibration of the step cost model (adaptive k), cached per machine and model shape.
 
-Target forwards shaped like decode steps are timed once (`points`): one sequence verifying every
-1..max(k, MIN_K) + 1 tokens, batches of 8 and 32 sequences, and one sequence over a longer context, so that
-`StepCostModel`'s cost by row count and its context coefficient are determined. The fit seeds the online model, which the engine's measured step times then correct.
+Target forwards shaped like decode steps are timed at start-up (`points`, in turns: `measure`):
+one sequence verifying every 1..max(k, MIN_K) + 1 tokens, batches of 8 and 32 sequences, and one
+sequence over a longer context, so that `StepCostModel`'s cost by row count and its context
+coefficients are determined. The fit seeds the online model, which the engine's measured step
+times then correct.
 Results are cached in `$SPECULANT_CACHE/step_cost.json` under a key of the CPU, threads, torch
 version, device, dtype, weights and the target's shape, so only the first start measures.
 """
@@ -24,7 +26,7 @@ from speculant.utils.json_cache import read_json, write_json
 
 SHORT_CONTEXT, LONG_CONTEXT = 64, 512  # tokens of context per sequence
 BATCHES = (8, 32)  # sequences of the batched points (at most the scheduler's max_num_seqs)
-REPEATS = 3  # forwards timed per point (the fastest counts)
+ROUNDS = 5  # turns over a group's points (the fastest forward of each point counts)
 CALIBRATION_ID = "<step cost calibration {}>"  # page-table ids of the scratch sequences
 MIN_K = 8  # rows measured up to max(k, MIN_K) + 1 a sequence: engines with k <= 8 share one calibration
 
@@ -45,26 +47,33 @@ def points(k_max: int, max_seqs: int, capacity: int, max_position: int) -> list[
 
 
 def measure(pages: PageTables, k_max: int, max_seqs: int, max_position: int) -> Forwards[list[Sample]]:
-    """Time target forwards at `points`, in scratch pages given back after."""
-    samples: list[Sample] = []
+    """Time target forwards at `points`, in scratch pages given back after. Points that share
+    their batch and context share one prefill and are timed in turns, ROUNDS times over (the
+    fastest counts): a slow spell of the machine then slows every row count a little instead of
+    one row count a lot (timed one after another, a 3-row point once measured 215 ms between
+    2 rows at 129 and 4 rows at 168, and the fit priced k = 2 above k = 4)."""
     capacity = pages.allocator.num_pages * pages.page_size
+    groups: dict[tuple[int, int], list[int]] = {}  # (sequences, context) -> tokens verified, in order
     for batch, tokens, context in points(k_max, max_seqs, capacity, max_position):
+        groups.setdefault((batch, context), []).append(tokens)
+    fastest: dict[tuple[int, int, int], float] = {}  # (sequences, tokens, context) -> seconds
+    for (batch, context), verified in groups.items():
         ids = [CALIBRATION_ID.format(b) for b in range(batch)]
         try:
-            if not all(pages.ensure(seq, context + tokens) for seq in ids):
-                continue  # too few pages for this point (a tiny cache): fit the others
+            if not all(pages.ensure(seq, context + max(verified)) for seq in ids):
+                continue  # too few pages for this group (a tiny cache): fit the others
             yield ForwardPlan(TARGET, [SeqInput([0] * context, 0, pages.table(seq), logits="none") for seq in ids])
-            step = [SeqInput([0] * tokens, context, pages.table(seq), logits="all") for seq in ids]
-            times = []
-            for _ in range(REPEATS):
-                start = time.perf_counter()
-                yield ForwardPlan(TARGET, step)
-                times.append(time.perf_counter() - start)
-            samples.append(([tokens - 1] * batch, batch * context, min(times)))
+            for _ in range(ROUNDS):
+                for tokens in verified:
+                    step = [SeqInput([0] * tokens, context, pages.table(seq), logits="all") for seq in ids]
+                    start = time.perf_counter()
+                    yield ForwardPlan(TARGET, step)
+                    seconds = time.perf_counter() - start
+                    fastest[batch, tokens, context] = min(seconds, fastest.get((batch, tokens, context), seconds))
         finally:
             for seq in ids:
                 pages.release(seq)
-    return samples
+    return [([tokens - 1] * batch, batch * context, seconds) for (batch, tokens, context), seconds in fastest.items()]
 
 
 def calibrated_k(k_max: int) -> int:
@@ -76,7 +85,7 @@ def calibrated_k(k_max: int) -> int:
 def cache_key(model: ModelConfig, arch: ArchConfig, k_max: int) -> str:
     shape = f"{arch.family}:{arch.hidden_size}x{arch.num_layers}:{arch.num_heads}/{arch.num_kv_heads}x{arch.head_dim}:{arch.intermediate_size}:{arch.vocab_size}"
     settings = f"{model.device}|{model.dtype}|{model.weights}|{model.attention_backend}|k{k_max}"
-    return f"v2|{cpu_name()}|{os.cpu_count()}|{torch.get_num_threads()}|{torch.__version__}|{settings}|{shape}"
+    return f"v3|{cpu_name()}|{os.cpu_count()}|{torch.get_num_threads()}|{torch.__version__}|{settings}|{shape}"
 
 
 def load_cached(key: str) -> list[Sample] | None:

@@ -95,7 +95,16 @@ class StepCostModel:
         context[0, CONTEXT] = context[1, ROW_CONTEXT] = 1.0  # the samples, the rows explain what they can
         lhs = np.concatenate([x, np.sqrt(smoothness) * d2, np.sqrt(smoothness * 1e-3) * context])
         rhs = np.concatenate([y, np.zeros(n)])
-        theta = np.linalg.lstsq(lhs, rhs, rcond=None)[0]
+        theta = np.zeros(OVERHEAD)
+        free = list(range(OVERHEAD))
+        while True:  # least squares with the context coefficients at least 0 (a noisy long-context point can look cheaper)
+            theta[free] = np.linalg.lstsq(lhs[:, free], rhs, rcond=None)[0]
+            negative = [c for c in (CONTEXT, ROW_CONTEXT) if c in free and theta[c] < 0]
+            if not negative:
+                break
+            worst = min(negative, key=lambda c: theta[c])
+            free.remove(worst)
+            theta[worst] = 0.0
         model = cls(prior=np.append(theta, 0.0))  # the overhead is learnt online
         model.calibration = [(list(ks), int(c), float(s)) for ks, c, s in samples]
         return model
@@ -109,14 +118,14 @@ class StepCostModel:
         """M -> `predict` of a step of num_seqs sequences with M rows at this context, without
         numpy per call (the k chooser asks it once per draft slot it considers). More rows never
         cost less: f is made non-decreasing, and a speculative step's knots past the plain step's
-        are made so among themselves (the overhead, not those knots, is its jump over plain)."""
-        knots = self.theta[: len(KNOTS)]
-        plain_f = np.maximum.accumulate(knots)
+        are made so among themselves (the overhead, not those knots, is its jump over plain).
+        Knots out of order are averaged (`non_decreasing`), not raised to the highest before
+        them: one slow measurement at 3 rows must not price every longer verify as slow too."""
+        knots = self.theta[: len(KNOTS)].tolist()
+        plain_f = non_decreasing(knots)
         last = len(KNOTS) - 2
         j0 = min(bisect.bisect_right(KNOTS, max(1, num_seqs)) - 1, last)  # the plain step's segment
-        spec_f = plain_f.copy()
-        spec_f[j0 + 1 :] = np.maximum.accumulate(knots[j0 + 1 :])
-        plain_f, spec_f = plain_f.tolist(), spec_f.tolist()
+        spec_f = plain_f[: j0 + 1] + non_decreasing(knots[j0 + 1 :])
         per_seq = max(0.0, float(self.theta[CONTEXT])) * context_tokens / 1000.0
         per_row = max(0.0, float(self.theta[ROW_CONTEXT])) * context_tokens / 1000.0 / max(1, num_seqs)
         overhead = max(0.0, float(self.theta[OVERHEAD]))
@@ -146,12 +155,41 @@ class StepCostModel:
         trace = float(np.trace(self.P))
         if trace > self._P_trace_max:
             self.P *= self._P_trace_max / trace
+        for c in (CONTEXT, ROW_CONTEXT, OVERHEAD):
+            if self.theta[c] < 0:
+                self._condition_at_zero(c)
         self.num_updates += 1
+
+    def _condition_at_zero(self, c: int) -> None:
+        """Coefficient c cannot be negative (more context, a speculative step never cost less):
+        the fit is conditioned on c = 0, so the coefficients correlated with it take up what it
+        was explaining. Without this, steps at one batch size and context (the knot of that
+        batch and the context terms nearly collinear) once swung c to -1.5 s per 1000 tokens and
+        the knot up by as much; `curve`, which never prices with a negative c, then priced a
+        240 ms plain step at 1.4 s. c keeps its own uncertainty, uncorrelated, to rise again."""
+        column = self.P[:, c].copy()
+        variance = column[c]
+        self.theta = self.theta - column / variance * self.theta[c]
+        self.P = self.P - np.outer(column, column) / variance
+        self.P[c, c] = variance
 
     def fit(self, samples: Sequence[Sample]) -> None:
         """Feed (ks, context tokens, seconds) samples in order."""
         for ks, context, seconds in samples:
             self.update(ks, context, seconds)
+
+
+def non_decreasing(values: Sequence[float]) -> list[float]:
+    """The non-decreasing sequence nearest to `values` in least squares (pool adjacent
+    violators: a run out of order is replaced by its mean)."""
+    blocks: list[list[float]] = []  # [sum, count] of each pooled run
+    for v in values:
+        blocks.append([v, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    return [total / count for total, count in blocks for _ in range(int(count))]
 
 
 class MovingAverage:
