@@ -7,9 +7,16 @@ Each level shrinks toward the one above it, with strength s = prior_accept + pri
 request toward its kind's pooled estimate with strength w (`pooled_weight`, 4: a few early
 rejections of one request do not outweigh what hundreds of its kind's drafts showed):
 
-    all_i              = (s * all_{i-1} + accepted_i) / (s + reached_i),   all_{-1} = prior mean
-    pooled_i(key)      = (s * all_i + pooled accepted_i) / (s + pooled reached_i)
+    all_0              = (s * prior mean + accepted_0) / (s + reached_0)
+    all_i              = (c * all_{i-1} + accepted_i) / (c + reached_i)          (i > 0)
+    pooled_i(key)      = (s * all_i + pooled accepted_i) / (s + pooled reached_i)   (all_i if key is the only kind)
     alpha_i(req, key)  = (w * pooled_i(key) + accepted_i) / (w + reached_i)
+
+A slot past the first is verified only when the slots before it were accepted and k reached it,
+so its evidence is thin where adaptive k keeps k small: it leans on the slot before it with
+strength c (`chain_weight`, 4), and a kind that is the only kind so far (a draft model's) is not
+counted a second time as its own pool (one rejection at slot 1 counted at three levels once read
+as 0.14 and held k at 1 for the rest of an answer).
 
 So a new request starts from what drafts of its kind have been worth lately, a new kind from what
 all drafts have, and a slot no draft has reached yet from the slot before it (at first the
@@ -58,11 +65,13 @@ class AcceptanceTracker:
         pooled_decay: float = 0.995,
         pooled_idle_decay: float = 0.98,
         pooled_weight: float = 4.0,
+        chain_weight: float = 4.0,
     ) -> None:
         self.prior_accept, self.prior_reject = prior_accept, prior_reject
         self.decay, self.idle_decay = decay, idle_decay
         self.pooled_decay, self.pooled_idle_decay = pooled_decay, pooled_idle_decay
         self.pooled_weight = pooled_weight  # a request's own outcomes the pooled estimate counts as
+        self.chain_weight = chain_weight  # outcomes at slot i the slot before's estimate counts as (every kind, i > 0)
         self._counts: dict[str, dict[Hashable, _Counts]] = {}  # request id -> key -> its own outcomes
         self._pooled: dict[Hashable, _Counts] = {}  # key -> every request's outcomes
         self._all = _Counts()  # every request's outcomes, whatever their key
@@ -86,15 +95,18 @@ class AcceptanceTracker:
         s, w = self.prior_accept + self.prior_reject, self.pooled_weight
         every_kind, above = [], self.prior_accept / s
         for i in range(max((k for _, k, _, _ in rows), default=0)):
-            above = self._all.rate(i, s * above, s)  # all keys: the slot before is the prior
+            strength = s if i == 0 else self.chain_weight
+            above = self._all.rate(i, strength * above, strength)  # all keys: the slot before is the prior
             every_kind.append(above)
+        one_kind = len(self._pooled) <= 1  # every draft so far of one kind: its pooled evidence is every kind's
         out = []
         for request_id, k, key, z in rows:
             pooled = self._pooled.get(key, _Counts())
             own = self._counts.get(request_id, {}).get(key, _Counts())
             slots = []
             for i in range(k):
-                a, n = own.evidence(i, w * pooled.rate(i, s * every_kind[i], s), w)
+                kind = every_kind[i] if one_kind else pooled.rate(i, s * every_kind[i], s)
+                a, n = own.evidence(i, w * kind, w)
                 mean = a / n
                 slots.append(min(1.0, max(0.0, mean + z * (mean * (1.0 - mean) / (n + 1.0)) ** 0.5)))
             out.append(slots)

@@ -11,9 +11,9 @@ batch (a Thompson draw over every slot at once made thin far slots look good and
 probed k = 5-6 where k = 2 was best). The cost
 of a step comes from a model of the target's verify time by row count with a speculative step's
 fixed overhead (`StepCostModel`, calibrated at start-up and fitted online from measured step
-times), plus the proposer's measured time: per draft forward while proposing, and its refill
-after every step, and a lazily fed draft's backlog (its share of the catch-up, see
-`_with_catch_up`). The k chooser itself is pure (`k_chooser.choose_k`).
+times), plus the proposer's measured time, each fitted by forwards and rows (`WorkCost`): its
+forwards while proposing (by the rows each carries), its refill after a step (by the requests
+fed), and a lazily fed draft's backlog (its share of the catch-up, see `_with_catch_up`). The k chooser itself is pure (`k_chooser.choose_k`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import numpy as np
 
 from speculant.core import Request, StepResult
 from speculant.speculative.acceptance_tracker import AcceptanceTracker
-from speculant.speculative.cost_model import MovingAverage, StepCostModel
+from speculant.speculative.cost_model import MovingAverage, StepCostModel, WorkCost
 from speculant.speculative.k_chooser import choose_k, expected_tokens
 
 MARGIN = 0.05  # predicted gain over plain decoding needed to speculate (the model's typical error)
@@ -34,15 +34,15 @@ CATCH_UP_RISK = 2.0  # a catch-up is paid now and won back only if the answer ru
 
 class AdaptiveK:
     def __init__(
-        self, draft_forwards: Callable[[Sequence[int]], int], draft_forward_prior_s: float = 0.0, lazy_feed: bool = False,
+        self, draft_work: Callable[[Sequence[int]], tuple[int, int]], draft_forward_prior_s: float = 0.0, lazy_feed: bool = False,
     ) -> None:
-        self.draft_forwards = draft_forwards  # draft-model forwards a step with these k's runs while proposing
+        self.draft_work = draft_work  # (draft forwards, rows over them) a step with these k's runs while proposing
         self.lazy_feed = lazy_feed  # the proposer follows the tokens only of requests that draft (else every step)
         self.tracker = AcceptanceTracker()
         self.rng = np.random.default_rng(0)  # each step's explorer and its quantile (k's only; tokens never depend on them)
         self.cost = StepCostModel()
-        self.draft_forward_s = MovingAverage(draft_forward_prior_s)
-        self.feed_s = MovingAverage(0.0)  # seconds the proposer spends following a step's tokens (a draft's KV refill)
+        self.draft_cost = WorkCost(draft_forward_prior_s)  # proposing: by forwards and rows
+        self.feed_cost = WorkCost(0.0)  # following a step's tokens (a draft's KV refill): one forward, by requests fed
         self.catch_up_s = MovingAverage(0.0)  # seconds per backlog token caught up (0 until measured: the first one is tried)
         self._context = None  # context tokens of the decode step being taken; None: not a decode step
         self._keys: dict[str, Hashable] = {}  # request id -> key of the drafts on offer this step (offered only)
@@ -72,11 +72,11 @@ class AdaptiveK:
 
     def cost_of(self, context: int, num_seqs: int) -> Callable[[Sequence[int]], float]:
         """Per-request k's of num_seqs sequences -> predicted seconds of this step (target and draft)."""
-        target, per_draft, feed = self.cost.curve(context, num_seqs), self.draft_forward_s.value, self.feed_s.value
+        target, draft, feed = self.cost.curve(context, num_seqs), self.draft_cost, self.feed_cost
 
         def cost(ks: Sequence[int]) -> float:
-            fed = feed if not self.lazy_feed or any(ks) else 0.0
-            return target(sum(ks) + len(ks)) + per_draft * self.draft_forwards(ks) + fed
+            fed = sum(1 for k in ks if k) if self.lazy_feed else len(ks)
+            return target(sum(ks) + len(ks)) + draft(*self.draft_work(ks)) + (feed(1, fed) if fed else 0.0)
 
         return cost
 
@@ -101,24 +101,23 @@ class AdaptiveK:
     def not_decoding(self) -> None:
         self._context = None
 
-    def record_draft_time(self, seconds: float, forwards: int) -> None:
-        """The proposer spent `seconds` proposing with `forwards` draft-model forwards."""
+    def record_draft_time(self, seconds: float, work: tuple[int, int]) -> None:
+        """The proposer spent `seconds` proposing with `work` = (draft forwards, their rows)."""
         self._draft_s += seconds
-        if forwards > 0:
-            self.draft_forward_s.update(seconds / forwards)
+        self.draft_cost.update(*work, seconds)
 
-    def record_feed_time(self, seconds: float) -> None:
-        """The proposer spent `seconds` following the step's tokens (every decode step pays it,
-        or with `lazy_feed` every step that drafts; it is no part of the target's cost)."""
+    def record_feed_time(self, seconds: float, requests: int) -> None:
+        """The proposer spent `seconds` following the step's tokens of `requests` requests (every
+        decode step pays it, or with `lazy_feed` every step that drafts; no part of the target's cost)."""
         if self._context is not None:
             self._draft_s += seconds
-            self.feed_s.update(seconds)
+            self.feed_cost.update(1, requests, seconds)
 
-    def record_catch_up(self, seconds: float, tokens: int) -> None:
+    def record_catch_up(self, seconds: float, tokens: int, requests: int) -> None:
         """The proposer caught up a backlog of `tokens` in `seconds`: a few steps' worth is part
         of the feed's cost, a longer one (a prompt) sets the price per token of catching up."""
         if tokens <= CATCH_UP_MIN:
-            self.record_feed_time(seconds)
+            self.record_feed_time(seconds, requests)
             return
         if self._context is not None:
             self._draft_s += seconds

@@ -58,7 +58,7 @@ class Proposer(ABC):
     def __init__(self, ctx: ProposerContext) -> None:
         self.ctx = ctx
         self.pages: PageTables | None = None
-        self.adaptive = AdaptiveK(self.draft_forwards, lazy_feed=self.LAZY_FEED) if ctx.speculative.adaptive_k else None
+        self.adaptive = AdaptiveK(self.draft_work, lazy_feed=self.LAZY_FEED) if ctx.speculative.adaptive_k else None
         self._step_ks: dict[str, int] = {}  # request id -> k of the decode step being taken
 
     def model_specs(self) -> list[ModelSpec]:
@@ -112,9 +112,9 @@ class Proposer(ABC):
         """KV slots past the sequence's tokens that a step may write (drafts being verified)."""
         return self.num_draft_tokens(request)
 
-    def draft_forwards(self, ks: Sequence[int]) -> int:
-        """Draft-model forwards proposing these per-request k's runs (none for a lookup)."""
-        return 0
+    def draft_work(self, ks: Sequence[int]) -> tuple[int, int]:
+        """(draft forwards, rows over them) proposing these per-request k's runs (none for a lookup)."""
+        return 0, 0
 
     def speculates(self, batch: Batch) -> bool:
         """Fix every request's k for this step (`step_k`); False: a plain step (every k is 0)."""
@@ -172,13 +172,14 @@ class Proposer(ABC):
         """Called after a step's tokens are appended to the live requests of `result.requests`."""
         yield from ()
 
-    def timed_feed(self, forwards: Forwards[T]) -> Forwards[T]:
-        """Drive forwards that follow a step's tokens (every decode step runs them, whatever its
-        k's, unless `LAZY_FEED`), telling adaptive k their time: neither the target's nor a draft's."""
+    def timed_feed(self, forwards: Forwards[T], requests: int) -> Forwards[T]:
+        """Drive forwards that follow a step's tokens of `requests` requests (every decode step
+        runs them, whatever its k's, unless `LAZY_FEED`), telling adaptive k their time: neither
+        the target's nor a draft's."""
         start = time.perf_counter()
         value = yield from forwards
         if self.adaptive is not None:
-            self.adaptive.record_feed_time(time.perf_counter() - start)
+            self.adaptive.record_feed_time(time.perf_counter() - start, requests)
         return value
 
     def release(self, request: Request) -> None:
@@ -216,6 +217,12 @@ def choose_drafts(
     q = processed_probs(logits, st)
     generators = [r.noise.generator(r.num_tokens + offset, logits.device) if r.noise else None for r in requests]
     return sample(q, generators, default_generator), q
+
+
+def chain_work(ks: Sequence[int]) -> tuple[int, int]:
+    """(forwards, rows) of drafting chains of these k's when the first draft comes from carried
+    logits: forward j (1 <= j < max k) carries every request with k > j."""
+    return max(0, max(ks, default=0) - 1), sum(max(0, k - 1) for k in ks)
 
 
 def pad_proposals(drafts: list[list[int]], device: torch.device | str = "cpu") -> DraftProposal:

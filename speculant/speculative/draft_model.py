@@ -18,7 +18,7 @@ import torch
 from speculant.attention.batch import SeqInput
 from speculant.core import Batch, DraftProposal, Request, StepResult
 from speculant.executor.plan import ForwardPlan, Forwards, ModelSpec
-from speculant.speculative.base import Proposer, ProposerContext, choose_drafts
+from speculant.speculative.base import Proposer, ProposerContext, chain_work, choose_drafts
 
 DRAFT = "draft"  # the draft model's name in the executor
 
@@ -49,9 +49,9 @@ class DraftModelProposer(Proposer):
         """k verified slots, plus the bonus token the draft is fed after a full accept."""
         return self.num_draft_tokens(request) + 1
 
-    def draft_forwards(self, ks) -> int:
+    def draft_work(self, ks) -> tuple[int, int]:
         """The first draft comes from carried logits, the last is not fed: max(k) - 1 forwards."""
-        return max(0, max(ks, default=0) - 1)
+        return chain_work(ks)
 
     def release(self, request: Request) -> None:
         super().release(request)
@@ -72,7 +72,7 @@ class DraftModelProposer(Proposer):
             end = r.num_tokens if r.num_computed_tokens >= r.num_tokens - 1 else r.num_computed_tokens
             feeds += self._lacking(r, end)
         if feeds:
-            yield from self.timed_feed(self._feed(feeds))
+            yield from self.timed_feed(self._feed(feeds), len(feeds))
 
     def backlog(self, request: Request) -> int:
         """Tokens to feed before drafting for the request (0: its carried logits are current)."""
@@ -129,7 +129,7 @@ class DraftModelProposer(Proposer):
                 out = yield from self._feed(feeds, fed_ids)
                 logits.index_copy_(0, torch.tensor(fed, device=device), out.float())
         if self.adaptive is not None:
-            self.adaptive.record_draft_time(time.perf_counter() - start, self.draft_forwards(ks))
+            self.adaptive.record_draft_time(time.perf_counter() - start, self.draft_work(ks))
         return DraftProposal(token_ids=tokens, num_drafts=ks, draft_probs=probs)
 
     def _catch_up(self, behind: list[tuple[Request, list[int], int]]) -> Forwards[None]:
@@ -147,7 +147,7 @@ class DraftModelProposer(Proposer):
         for feeds in forwards:
             yield from self._feed(feeds)
         if self.adaptive is not None:
-            self.adaptive.record_catch_up(time.perf_counter() - start, sum(len(t) for _, t, _ in behind))
+            self.adaptive.record_catch_up(time.perf_counter() - start, sum(len(t) for _, t, _ in behind), len(behind))
 
     def _choose(self, logits: torch.Tensor, requests: list[Request], probs, rows: torch.Tensor, j: int) -> torch.Tensor:
         tokens, q = choose_drafts(logits, requests, probs is not None, self.ctx.generator, offset=j)

@@ -89,8 +89,10 @@ class EagleProposer(MtpProposer):
         sampled = self.budget * row if self.sampled else 0
         return {"draft_logits": max_num_seqs * row * (1 + self.topk), "draft_probs": max_num_seqs * (sampled + (self.budget + 1) * row)}
 
-    def draft_forwards(self, ks) -> int:
-        return self.depth - 1 if any(ks) else 0
+    def draft_work(self, ks) -> tuple[int, int]:
+        """Every level past the first is one head forward over every drafting request's frontier."""
+        levels = self.depth - 1 if any(ks) else 0
+        return levels, levels * sum(1 for k in ks if k)
 
     # ---- tree size from measured cost -----------------------------------------------------------
 

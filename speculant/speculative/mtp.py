@@ -29,7 +29,7 @@ import torch
 from speculant.attention.batch import SeqInput
 from speculant.core import Batch, DraftProposal, Request, StepResult
 from speculant.executor.plan import TARGET, ForwardPlan, Forwards, ModelSpec
-from speculant.speculative.base import Proposer, ProposerContext, choose_drafts
+from speculant.speculative.base import Proposer, ProposerContext, chain_work, choose_drafts
 
 HEAD = "head"  # the head's name in the executor
 
@@ -60,9 +60,9 @@ class MtpProposer(Proposer):
         k = self.ctx.speculative.num_draft_tokens
         return {"draft_logits": max_num_seqs * row, "draft_probs": max_num_seqs * k * row if sampled else 0}
 
-    def draft_forwards(self, ks) -> int:
+    def draft_work(self, ks) -> tuple[int, int]:
         """The first draft comes from carried logits: max(k) - 1 head forwards."""
-        return max(0, max(ks, default=0) - 1)
+        return chain_work(ks)
 
     def release(self, request: Request) -> None:
         super().release(request)
@@ -73,7 +73,7 @@ class MtpProposer(Proposer):
 
     def launch(self, result: StepResult) -> Forwards[None]:
         """The head over the target forward's rows, with the target's states; no host reads."""
-        yield from self.timed_feed(self._launch(result))
+        yield from self.timed_feed(self._launch(result), len(result.requests))
 
     def _launch(self, result: StepResult) -> Forwards[None]:
         device = result.hidden_states.device
@@ -153,5 +153,5 @@ class MtpProposer(Proposer):
                 state.index_copy_(0, fed_index, out.hidden)
         self._drafts = tokens
         if self.adaptive is not None:
-            self.adaptive.record_draft_time(time.perf_counter() - start, self.draft_forwards(ks))
+            self.adaptive.record_draft_time(time.perf_counter() - start, self.draft_work(ks))
         return DraftProposal(token_ids=tokens, num_drafts=ks, draft_probs=probs)

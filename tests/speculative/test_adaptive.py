@@ -80,7 +80,7 @@ def test_the_explorer_is_drawn_among_requests_with_drafts_on_offer(monkeypatch):
 
     from speculant.speculative.adaptive import AdaptiveK
 
-    adaptive = AdaptiveK(lambda ks: 0)
+    adaptive = AdaptiveK(lambda ks: (0, 0))
     probed = []  # request ids read away from their mean
     monkeypatch.setattr(
         adaptive.tracker, "draws", lambda rows: probed.extend(i for i, _, _, z in rows if z != 0.0) or [[0.5] * k for _, k, _, _ in rows]
@@ -101,8 +101,8 @@ def test_a_probe_takes_at_most_one_draft_past_the_choice_at_the_mean():
 
     from speculant.speculative.adaptive import AdaptiveK
 
-    adaptive = AdaptiveK(lambda ks: max(ks, default=0))
-    adaptive.draft_forward_s.value = 0.02  # a draft forward costs a fifth of a target step
+    adaptive = AdaptiveK(lambda ks: (max(ks, default=0), sum(ks)))
+    adaptive.draft_cost.a = 0.02  # a draft forward costs a fifth of a target step
     adaptive.cost.theta[:] = 0.0
     adaptive.cost.theta[: len(KNOTS)] = 0.1  # the target: 100 ms whatever its rows
     request = SimpleNamespace(request_id="r", num_computed_tokens=10)
@@ -152,13 +152,14 @@ def test_draft_at_k_zero_runs_no_draft_forward_and_catches_up(target, plain_outp
 def test_feed_time_is_charged_to_drafting_steps_when_the_feed_is_lazy(lazy):
     from speculant.speculative.adaptive import AdaptiveK
 
-    adaptive = AdaptiveK(lambda ks: 0, lazy_feed=lazy)
+    adaptive = AdaptiveK(lambda ks: (0, 0), lazy_feed=lazy)
     adaptive._context = 0  # a decode step
-    adaptive.record_feed_time(0.5)
+    adaptive.record_feed_time(0.5, 1)
+    adaptive.record_feed_time(0.8, 4)  # 0.4 s a feed and 0.1 s a request fed
     cost = adaptive.cost_of(100, 2)
     feed = cost([0, 1]) - adaptive.cost.curve(100, 2)(3)
-    assert feed == pytest.approx(adaptive.feed_s.value) and feed > 0
-    assert cost([0, 0]) - adaptive.cost.curve(100, 2)(2) == pytest.approx(0.0 if lazy else feed)
+    assert feed == pytest.approx(0.5 if lazy else 0.6, rel=1e-2)  # lazily, the drafting request alone is fed
+    assert cost([0, 0]) - adaptive.cost.curve(100, 2)(2) == pytest.approx(0.0 if lazy else 0.6, rel=1e-2)
 
 
 def _count_draft_rows(monkeypatch, engine) -> list[int]:
@@ -213,10 +214,10 @@ def test_a_backlog_is_caught_up_only_when_the_rest_of_the_answer_pays_for_it():
 
     from speculant.speculative.adaptive import AdaptiveK
 
-    adaptive = AdaptiveK(lambda ks: max(ks, default=0))
+    adaptive = AdaptiveK(lambda ks: (max(ks, default=0), sum(ks)))
     adaptive.cost.theta[:] = 0.0
     adaptive.cost.theta[: len(KNOTS)] = 0.1  # the target: 100 ms a step whatever its rows
-    adaptive.draft_forward_s.value, adaptive.catch_up_s.value = 0.01, 0.005  # 5 ms per backlog token
+    adaptive.draft_cost.a, adaptive.catch_up_s.value = 0.01, 0.005  # 5 ms per backlog token
     for _ in range(50):
         adaptive.tracker.record("r", 3, 3)  # drafts always right: worth 3 more tokens a step
 

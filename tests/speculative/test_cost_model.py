@@ -13,6 +13,7 @@ from speculant.speculative.cost_model import (
     ROW_CONTEXT,
     MovingAverage,
     StepCostModel,
+    WorkCost,
     non_decreasing,
     rows,
 )
@@ -138,3 +139,19 @@ def test_steps_at_one_batch_and_context_cannot_swing_the_context_terms_negative(
         assert min(model.theta[CONTEXT], model.theta[ROW_CONTEXT], model.theta[OVERHEAD]) >= 0
         assert model.predict([0] * 16, context) < 0.4  # a plain step: 230-310 ms measured
     assert model.predict([0] * 16, 1000) == pytest.approx(0.240, rel=0.1)
+
+
+def test_a_proposer_s_work_is_priced_by_its_forwards_and_rows():
+    """A draft forward costs 55 ms for one row and 87 ms for 16: one average per forward would
+    price a whole batch's drafting at a lone request's."""
+    cost = WorkCost(prior_s=0.05)
+    assert cost(3, 3) == pytest.approx(0.15)  # the prior, per forward, until measured
+    for forwards, n in [(1, 1), (2, 2), (1, 16), (3, 40), (2, 17)] * 4:
+        cost.update(forwards, n, 0.053 * forwards + 0.002 * n)
+    assert cost(1, 1) == pytest.approx(0.055, rel=0.02) and cost(1, 16) == pytest.approx(0.085, rel=0.02)
+    lone = WorkCost()
+    for _ in range(5):
+        lone.update(2, 2, 0.12)  # one row a forward, always: the forwards take the time
+    assert (lone.a, lone.b) == pytest.approx((0.06, 0.0), abs=1e-4)
+    lone.update(0, 0, 5.0)  # no forwards: nothing to learn
+    assert lone(1, 1) == pytest.approx(0.06, abs=1e-4)
