@@ -25,7 +25,7 @@ import numpy as np
 from speculant.core import Request, StepResult
 from speculant.speculative.acceptance_tracker import AcceptanceTracker
 from speculant.speculative.cost_model import MovingAverage, StepCostModel, WorkCost
-from speculant.speculative.k_chooser import choose_k, expected_tokens
+from speculant.speculative.k_chooser import choose_k, expected_tokens_by_k
 
 MARGIN = 0.05  # predicted gain over plain decoding needed to speculate (the model's typical error)
 CATCH_UP_MIN = 16  # a backlog past this many tokens is priced (a shorter one is part of the feed's cost)
@@ -56,8 +56,8 @@ class AdaptiveK:
         keys = [None] * len(requests) if keys is None else keys
         context = sum(r.num_computed_tokens for r in requests)
         alphas = self.tracker.draws([(r.request_id, k, key, 0.0) for r, k, key in zip(requests, k_max, keys)])
-        cost = self._with_catch_up(self.cost_of(context, len(requests)), requests, alphas, backlog or [0] * len(requests))
-        ks = choose_k(alphas, k_max, cost, MARGIN)
+        backlog, cost = backlog or [0] * len(requests), self.cost_of(context, len(requests))
+        ks = choose_k(alphas, k_max, self._with_catch_up(cost, requests, alphas, k_max, backlog), MARGIN)
         offering = [b for b, k in enumerate(k_max) if k > 0]  # a request with nothing on offer learns nothing
         if offering:  # the explorer: a posterior draw, at most one draft past its choice at the mean
             b = offering[int(self.rng.integers(len(offering)))]
@@ -65,7 +65,7 @@ class AdaptiveK:
             alphas[b] = self.tracker.draw(requests[b].request_id, k_max[b], keys[b], z)
             caps = list(k_max)
             caps[b] = min(k_max[b], ks[b] + 1)
-            ks = choose_k(alphas, caps, cost, MARGIN)
+            ks = choose_k(alphas, caps, self._with_catch_up(cost, requests, alphas, caps, backlog), MARGIN)
         self._context, self._draft_s = context, 0.0
         self._keys = {r.request_id: key for r, k, key in zip(requests, k_max, keys) if k > 0}
         return ks
@@ -74,27 +74,31 @@ class AdaptiveK:
         """Per-request k's of num_seqs sequences -> predicted seconds of this step (target and draft)."""
         target, draft, feed = self.cost.curve(context, num_seqs), self.draft_cost, self.feed_cost
 
-        def cost(ks: Sequence[int]) -> float:
-            fed = sum(1 for k in ks if k) if self.lazy_feed else len(ks)
+        def cost(ks: list[int]) -> float:
+            fed = len(ks) - ks.count(0) if self.lazy_feed else len(ks)
             return target(sum(ks) + len(ks)) + draft(*self.draft_work(ks)) + (feed(1, fed) if fed else 0.0)
 
         return cost
 
-    def _with_catch_up(self, cost: Callable, requests: Sequence[Request], alphas: list[list[float]], backlog: Sequence[int]) -> Callable:
+    def _with_catch_up(
+        self, cost: Callable, requests: Sequence[Request], alphas: list[list[float]], k_max: Sequence[int], backlog: Sequence[int],
+    ) -> Callable:
         """A backlog is caught up once, then the request drafts for the rest of its output: a
         step is charged the share of the catch-up that its expected tokens are of the request's
         remaining ones, so speculation starts when what it wins per token pays for it (a long
-        prompt and a short answer: it does not; `alphas` is read when called, explorer included).
+        prompt and a short answer: it does not; `alphas` as they are now, the explorer's included).
         The catch-up counts CATCH_UP_RISK times over: it is certain, its return is not (the answer
-        may stop before max_tokens, the acceptance may not hold)."""
+        may stop before max_tokens, the acceptance may not hold). Each request's charge by k is
+        tabled once: the chooser prices a step once per draft it considers (~200 at batch 32)."""
         per_token = self.catch_up_s.value * CATCH_UP_RISK
-        due = [(b, per_token * n / max(1, r.params.max_tokens - len(r.output_token_ids)))
-               for b, (r, n) in enumerate(zip(requests, backlog)) if n > CATCH_UP_MIN and per_token > 0.0]
+        due = [(b, [0.0] + [share * e for e in expected_tokens_by_k(alphas[b], k_max[b])[1:]])
+               for b, (r, n) in enumerate(zip(requests, backlog)) if n > CATCH_UP_MIN and per_token > 0.0
+               for share in [per_token * n / max(1, r.params.max_tokens - len(r.output_token_ids))]]
         if not due:
             return cost
 
-        def with_catch_up(ks: Sequence[int]) -> float:
-            return cost(ks) + sum(share * expected_tokens(alphas[b], ks[b]) for b, share in due if ks[b] > 0)
+        def with_catch_up(ks: list[int]) -> float:
+            return cost(ks) + sum(charge[ks[b]] for b, charge in due)
 
         return with_catch_up
 

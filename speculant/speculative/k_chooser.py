@@ -28,6 +28,15 @@ def expected_tokens(alphas: Sequence[float], k: int) -> float:
     return total
 
 
+def expected_tokens_by_k(alphas: Sequence[float], k_max: int) -> list[float]:
+    """[k_max + 1] `expected_tokens(alphas, k)` for every k = 0..k_max, in one pass."""
+    out, survive = [1.0], 1.0
+    for i in range(k_max):
+        survive *= _at(alphas, i)
+        out.append(out[-1] + survive)
+    return out
+
+
 def choose_k(
     alphas: Sequence[Sequence[float]],  # [B][k_max_b] P(slot i accepted | slots < i accepted)
     k_max: Sequence[int],  # [B] upper bound per request (0: this request does not speculate)

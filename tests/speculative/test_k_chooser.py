@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from speculant.speculative.k_chooser import choose_k, expected_tokens
+from speculant.speculative.k_chooser import choose_k, expected_tokens, expected_tokens_by_k
 
 
 def linear_cost(base: float, per_token: float):
@@ -67,3 +67,8 @@ def test_matches_exhaustive_search_on_small_batches(seed):
     best = max(itertools.product(*(range(m + 1) for m in k_max)), key=rate)
     chosen = choose_k(alphas, k_max, cost)
     assert rate(chosen) >= rate(best) * 0.97
+
+
+def test_expected_tokens_by_k_tables_expected_tokens():
+    alphas = [0.9, 0.5, 0.25]
+    assert expected_tokens_by_k(alphas, 5) == pytest.approx([expected_tokens(alphas, k) for k in range(6)])
