@@ -47,30 +47,38 @@ def points(k_max: int, max_seqs: int, capacity: int, max_position: int) -> list[
 
 
 def measure(pages: PageTables, k_max: int, max_seqs: int, max_position: int) -> Forwards[list[Sample]]:
-    """Time target forwards at `points`, in scratch pages given back after. Points that share
-    their batch and context share one prefill and are timed in turns, ROUNDS times over (the
-    fastest counts): a slow spell of the machine then slows every row count a little instead of
-    one row count a lot (timed one after another, a 3-row point once measured 215 ms between
-    2 rows at 129 and 4 rows at 168, and the fit priced k = 2 above k = 4)."""
+    """Time target forwards at `points`, in scratch pages given back after. Every group of points
+    that share their batch and context is prefilled once, then all points are timed in turns,
+    ROUNDS times over (the fastest counts): a slow spell of the machine slows every point a
+    little instead of one point a lot. Timed one after another, a 3-row verify once measured
+    215 ms between 2 rows at 129 and 4 rows at 168 (k = 2 priced above k = 4), and a group timed
+    after another one measured smollm2's 512-token context 9 ms dearer than its 64-token one
+    (a context term of 20 ms per 1000 tokens, a plain step at batch 32 priced at 2x its time)."""
     capacity = pages.allocator.num_pages * pages.page_size
     groups: dict[tuple[int, int], list[int]] = {}  # (sequences, context) -> tokens verified, in order
     for batch, tokens, context in points(k_max, max_seqs, capacity, max_position):
         groups.setdefault((batch, context), []).append(tokens)
+    held: list[tuple[int, int, list[int], list[str]]] = []  # (sequences, context, verified, scratch ids) prefilled
     fastest: dict[tuple[int, int, int], float] = {}  # (sequences, tokens, context) -> seconds
-    for (batch, context), verified in groups.items():
-        ids = [CALIBRATION_ID.format(b) for b in range(batch)]
-        try:
+    try:
+        for g, ((batch, context), verified) in enumerate(groups.items()):
+            ids = [CALIBRATION_ID.format(f"{g}.{b}") for b in range(batch)]
+            held.append((batch, context, verified, ids))
             if not all(pages.ensure(seq, context + max(verified)) for seq in ids):
-                continue  # too few pages for this group (a tiny cache): fit the others
+                for seq in held.pop()[3]:
+                    pages.release(seq)
+                continue  # too few pages for this group as well (a tiny cache): fit the others
             yield ForwardPlan(TARGET, [SeqInput([0] * context, 0, pages.table(seq), logits="none") for seq in ids])
-            for _ in range(ROUNDS):
+        for _ in range(ROUNDS):
+            for batch, context, verified, ids in held:
                 for tokens in verified:
                     step = [SeqInput([0] * tokens, context, pages.table(seq), logits="all") for seq in ids]
                     start = time.perf_counter()
                     yield ForwardPlan(TARGET, step)
                     seconds = time.perf_counter() - start
                     fastest[batch, tokens, context] = min(seconds, fastest.get((batch, tokens, context), seconds))
-        finally:
+    finally:
+        for *_, ids in held:
             for seq in ids:
                 pages.release(seq)
     return [([tokens - 1] * batch, batch * context, seconds) for (batch, tokens, context), seconds in fastest.items()]
@@ -85,7 +93,7 @@ def calibrated_k(k_max: int) -> int:
 def cache_key(model: ModelConfig, arch: ArchConfig, k_max: int) -> str:
     shape = f"{arch.family}:{arch.hidden_size}x{arch.num_layers}:{arch.num_heads}/{arch.num_kv_heads}x{arch.head_dim}:{arch.intermediate_size}:{arch.vocab_size}"
     settings = f"{model.device}|{model.dtype}|{model.weights}|{model.attention_backend}|k{k_max}"
-    return f"v3|{cpu_name()}|{os.cpu_count()}|{torch.get_num_threads()}|{torch.__version__}|{settings}|{shape}"
+    return f"v4|{cpu_name()}|{os.cpu_count()}|{torch.get_num_threads()}|{torch.__version__}|{settings}|{shape}"
 
 
 def load_cached(key: str) -> list[Sample] | None:

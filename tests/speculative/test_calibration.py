@@ -49,9 +49,9 @@ def test_first_start_measures_and_caches_then_the_cache_is_read(tmp_path, monkey
     assert "step_cost_calibration" not in tiny_llm(target, draft, num_draft_tokens=3, adaptive_k=False).stats()  # fixed k: none
 
 
-def test_points_of_one_batch_and_context_are_timed_in_turns_and_the_pages_given_back():
-    """One prefill per (batch, context); then its row counts in turns, ROUNDS times over, so a
-    slow spell of the machine cannot make one row count alone look slow."""
+def test_points_are_prefilled_once_per_batch_and_context_then_timed_in_turns_and_the_pages_given_back():
+    """One prefill per (batch, context); then every point in turns, ROUNDS times over, so a slow
+    spell of the machine cannot make one row count, batch or context alone look slow."""
     pages = PageTables(PageAllocator(1024), page_size=16)
     forwards = calibration.measure(pages, k_max=2, max_seqs=8, max_position=4096)
     shapes = []  # (sequences, tokens per sequence, KV start) of every forward
@@ -62,8 +62,9 @@ def test_points_of_one_batch_and_context_are_timed_in_turns_and_the_pages_given_
             plan = forwards.send(None)
     except StopIteration as stop:
         samples = stop.value
-    short = calibration.SHORT_CONTEXT
-    one_short = [s for s in shapes if s[0] == 1 and s[2] in (0, short)][: 1 + 3 * calibration.ROUNDS]
-    assert one_short == [(1, short, 0)] + [(1, t, short) for t in (1, 2, 3)] * calibration.ROUNDS
-    assert sorted((len(ks), ks[0] + 1, c // len(ks)) for ks, c, _ in samples) == sorted(calibration.points(2, 8, 1024 * 16, 4096))
+    pts = calibration.points(2, 8, 1024 * 16, 4096)
+    groups = list(dict.fromkeys((b, c) for b, _, c in pts))
+    assert shapes[: len(groups)] == [(b, c, 0) for b, c in groups]  # the prefills
+    assert shapes[len(groups) :] == [(b, t, c) for b, t, c in pts] * calibration.ROUNDS  # every point, in turns
+    assert sorted((len(ks), ks[0] + 1, c // len(ks)) for ks, c, _ in samples) == sorted(pts)
     assert pages.allocator.num_free == 1024
