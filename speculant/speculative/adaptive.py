@@ -13,7 +13,8 @@ of a step comes from a model of the target's verify time by row count with a spe
 fixed overhead (`StepCostModel`, calibrated at start-up and fitted online from measured step
 times), plus the proposer's measured time, each fitted by forwards and rows (`WorkCost`): its
 forwards while proposing (by the rows each carries), its refill after a step (by the requests
-fed), and a lazily fed draft's backlog (its share of the catch-up, see `_with_catch_up`). The k chooser itself is pure (`k_chooser.choose_k`).
+fed), and a lazily fed draft's backlog (its share of the catch-up, see `_with_catch_up`). The k
+chooser itself is pure (`k_chooser.choose_k`).
 """
 
 from __future__ import annotations
@@ -91,9 +92,11 @@ class AdaptiveK:
         may stop before max_tokens, the acceptance may not hold). Each request's charge by k is
         tabled once: the chooser prices a step once per draft it considers (~200 at batch 32)."""
         per_token = self.catch_up_s.value * CATCH_UP_RISK
-        due = [(b, [0.0] + [share * e for e in expected_tokens_by_k(alphas[b], k_max[b])[1:]])
-               for b, (r, n) in enumerate(zip(requests, backlog)) if n > CATCH_UP_MIN and per_token > 0.0
-               for share in [per_token * n / max(1, r.params.max_tokens - len(r.output_token_ids))]]
+        due = []  # (request index, [k_max + 1] its charge by k; none at k = 0)
+        for b, (r, n) in enumerate(zip(requests, backlog)):
+            if n > CATCH_UP_MIN and per_token > 0.0:
+                share = per_token * n / max(1, r.params.max_tokens - len(r.output_token_ids))
+                due.append((b, [0.0] + [share * e for e in expected_tokens_by_k(alphas[b], k_max[b])[1:]]))
         if not due:
             return cost
 

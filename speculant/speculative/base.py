@@ -222,7 +222,7 @@ def choose_drafts(
 def chain_work(ks: Sequence[int]) -> tuple[int, int]:
     """(forwards, rows) of drafting chains of these k's when the first draft comes from carried
     logits: forward j (1 <= j < max k) carries every request with k > j."""
-    return max(0, max(ks, default=0) - 1), sum(ks) - len(ks) + list(ks).count(0)
+    return max(0, max(ks, default=0) - 1), sum(ks) - len(ks) + ks.count(0)
 
 
 def pad_proposals(drafts: list[list[int]], device: torch.device | str = "cpu") -> DraftProposal:

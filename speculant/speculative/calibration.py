@@ -63,11 +63,11 @@ def measure(pages: PageTables, k_max: int, max_seqs: int, max_position: int) -> 
     try:
         for g, ((batch, context), verified) in enumerate(groups.items()):
             ids = [CALIBRATION_ID.format(f"{g}.{b}") for b in range(batch)]
-            held.append((batch, context, verified, ids))
             if not all(pages.ensure(seq, context + max(verified)) for seq in ids):
-                for seq in held.pop()[3]:
+                for seq in ids:
                     pages.release(seq)
                 continue  # too few pages for this group as well (a tiny cache): fit the others
+            held.append((batch, context, verified, ids))
             yield ForwardPlan(TARGET, [SeqInput([0] * context, 0, pages.table(seq), logits="none") for seq in ids])
         for _ in range(ROUNDS):
             for batch, context, verified, ids in held:

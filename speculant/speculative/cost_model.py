@@ -165,8 +165,8 @@ class StepCostModel:
         the fit is conditioned on c = 0, so the coefficients correlated with it take up what it
         was explaining. Without this, steps at one batch size and context (the knot of that
         batch and the context terms nearly collinear) once swung c to -1.5 s per 1000 tokens and
-        the knot up by as much; `curve`, which never prices with a negative c, then priced a
-        240 ms plain step at 1.4 s. c keeps its own uncertainty, uncorrelated, to rise again."""
+        the knot up by as much; `curve`, which never prices with a negative c, then priced
+        240 ms plain steps at 0.8-1.1 s. c keeps its own uncertainty, uncorrelated, to rise again."""
         column = self.P[:, c].copy()
         variance = column[c]
         self.theta = self.theta - column / variance * self.theta[c]
@@ -202,7 +202,6 @@ class WorkCost:
     def __init__(self, prior_s: float = 0.0, forget: float = 0.9) -> None:
         self.a, self.b = prior_s, 0.0
         self.forget = forget
-        self.count = 0
         self._xx = np.zeros((2, 2))  # forgotten sums of x x^T, x = (forwards, rows)
         self._xy = np.zeros(2)
 
@@ -215,7 +214,6 @@ class WorkCost:
         x = np.array([forwards, rows], dtype=float)
         self._xx = self.forget * self._xx + np.outer(x, x)
         self._xy = self.forget * self._xy + x * seconds
-        self.count += 1
         ridge = np.diag([0.0, 1e-3 * self._xx[1, 1]])  # a direction the samples leave open goes to b = 0
         a, b = np.linalg.lstsq(self._xx + ridge, self._xy, rcond=None)[0]
         if b < 0:

@@ -50,7 +50,7 @@ class DraftModelProposer(Proposer):
         return self.num_draft_tokens(request) + 1
 
     def draft_work(self, ks) -> tuple[int, int]:
-        """The first draft comes from carried logits, the last is not fed: max(k) - 1 forwards."""
+        """The first draft comes from carried logits, the last is not fed (`chain_work`)."""
         return chain_work(ks)
 
     def release(self, request: Request) -> None:

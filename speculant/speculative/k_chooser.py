@@ -21,11 +21,7 @@ from collections.abc import Callable, Sequence
 
 def expected_tokens(alphas: Sequence[float], k: int) -> float:
     """E[tokens emitted] with k drafts whose conditional acceptance chances are `alphas`."""
-    total, survive = 1.0, 1.0
-    for i in range(k):
-        survive *= _at(alphas, i)
-        total += survive
-    return total
+    return expected_tokens_by_k(alphas, k)[k]
 
 
 def expected_tokens_by_k(alphas: Sequence[float], k_max: int) -> list[float]:

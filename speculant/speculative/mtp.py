@@ -61,7 +61,7 @@ class MtpProposer(Proposer):
         return {"draft_logits": max_num_seqs * row, "draft_probs": max_num_seqs * k * row if sampled else 0}
 
     def draft_work(self, ks) -> tuple[int, int]:
-        """The first draft comes from carried logits: max(k) - 1 head forwards."""
+        """The first draft comes from carried logits (`chain_work`)."""
         return chain_work(ks)
 
     def release(self, request: Request) -> None:
