@@ -8,7 +8,10 @@ posterior quantile drawn for it (z ~ N(0, 1)) and allowed at most one draft more
 would give it: low estimates are probed again, a probe teaches the one slot past
 what is already verified, and it costs at most one draft and one verify row however large the
 batch (a Thompson draw over every slot at once made thin far slots look good and, at batch 1,
-probed k = 5-6 where k = 2 was best). The cost
+probed k = 5-6 where k = 2 was best). A draw that would draft less than the mean's choice is not
+taken: fewer drafts verify only slots the mean's choice verifies too, so they teach nothing and
+cost tokens (at batch 1 the one request is the explorer every step, and low draws turned steps of
+a chat answer at k = 1-2 into plain ones). The cost
 of a step comes from a model of the target's verify time by row count with a speculative step's
 fixed overhead (`StepCostModel`, calibrated at start-up and fitted online from measured step
 times), plus the proposer's measured time, each fitted by forwards and rows (`WorkCost`): its
@@ -66,7 +69,9 @@ class AdaptiveK:
             alphas[b] = self.tracker.draw(requests[b].request_id, k_max[b], keys[b], z)
             caps = list(k_max)
             caps[b] = min(k_max[b], ks[b] + 1)
-            ks = choose_k(alphas, caps, self._with_catch_up(cost, requests, alphas, caps, backlog), MARGIN)
+            probe = choose_k(alphas, caps, self._with_catch_up(cost, requests, alphas, caps, backlog), MARGIN)
+            if probe[b] > ks[b]:  # a low draw is not taken: fewer drafts teach nothing the mean's choice does not
+                ks = probe
         self._context, self._draft_s = context, 0.0
         self._keys = {r.request_id: key for r, k, key in zip(requests, k_max, keys) if k > 0}
         return ks

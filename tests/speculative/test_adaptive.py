@@ -96,7 +96,9 @@ def test_the_explorer_is_drawn_among_requests_with_drafts_on_offer(monkeypatch):
 
 def test_a_probe_takes_at_most_one_draft_past_the_choice_at_the_mean():
     """Thin evidence at far slots must not make the explorer draft to k_max: it may try the one
-    slot past what the posterior mean chooses (here k = 2 of 6), so a probe costs one draft."""
+    slot past what the posterior mean chooses (here k = 2 of 6), so a probe costs one draft; and
+    a low draw never drafts less than the mean's choice (that teaches nothing and costs tokens:
+    at batch 1 the one request is the explorer every step)."""
     from types import SimpleNamespace
 
     from speculant.speculative.adaptive import AdaptiveK
@@ -110,7 +112,7 @@ def test_a_probe_takes_at_most_one_draft_past_the_choice_at_the_mean():
         adaptive.tracker.record("r", 2, 2)
         adaptive.tracker.record("r", 2, 1)
     chosen = {adaptive.choose([request], [6])[0] for _ in range(200)}
-    assert max(chosen) == 3 and 2 in chosen  # a low draw may also draft less
+    assert chosen == {2, 3}
 
 
 @pytest.mark.parametrize("batch_size", [1, 6])
