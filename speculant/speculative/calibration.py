@@ -1,8 +1,8 @@
 """Start-up calibration of the step cost model (adaptive k), cached per machine and model shape.
 
 Target forwards shaped like decode steps are timed at start-up (`points`, in turns: `measure`):
-one sequence verifying every 1..max(k, MIN_K) + 1 tokens, batches of 8 and 32 sequences verifying
-1, 2, 3, 5 and max(k, MIN_K) + 1 tokens each, and one sequence over a longer context, so that `StepCostModel`'s cost by row count and its context
+one sequence verifying every 1..max(k, MIN_K) + 1 tokens, batches of 8 and 32 sequences, and one
+sequence over a longer context, so that `StepCostModel`'s cost by row count and its context
 coefficients are determined. The fit seeds the online model, which the engine's measured step
 times then correct.
 Results are cached in `$SPECULANT_CACHE/step_cost.json` under a key of the CPU, threads, torch
@@ -36,15 +36,12 @@ Sample = tuple[list[int], int, float]  # (verified tokens - 1 per sequence, cont
 def points(k_max: int, max_seqs: int, capacity: int, max_position: int) -> list[tuple[int, int, int]]:
     """(sequences, tokens verified per sequence, context per sequence) to time, fitting in
     `capacity` KV slots and the model's context: one sequence at every k up to k_max (the
-    cost's shape in the row count matters most there), batches of 8 and 32 at k = 0, 1, 2, 4 and
-    k_max, and one sequence over a longer context. The batches' k = 2 and 4: with only k = 0, 1
-    and 8 measured, smollm2 at batch 32 priced a step verifying ~60 drafts (M = 90 rows) at
-    160-180 ms between the 144 ms of M = 64 and the 345 ms of M = 288, where it took 200-215 ms,
-    and adaptive n-gram took such steps on math prompts where they lose."""
+    cost's shape in the row count matters most there), batches of 8 and 32 at k = 0, 1 and
+    k_max, and one sequence over a longer context."""
     short, long = (min(c, max_position - k_max - 1) for c in (SHORT_CONTEXT, LONG_CONTEXT))
     out = [(1, t, short) for t in range(1, k_max + 2)]
     for batch in dict.fromkeys(min(b, max_seqs) for b in BATCHES):
-        out += [(batch, t, short) for t in (1, 2, 3, 5, k_max + 1) if t <= k_max + 1]
+        out += [(batch, t, short) for t in (1, 2, k_max + 1)]
     out += [(1, t, long) for t in (1, k_max + 1)]
     return [p for p in dict.fromkeys(out) if p[2] > 0 and p[0] * (p[1] + p[2]) <= capacity]
 
@@ -96,7 +93,7 @@ def calibrated_k(k_max: int) -> int:
 def cache_key(model: ModelConfig, arch: ArchConfig, k_max: int) -> str:
     shape = f"{arch.family}:{arch.hidden_size}x{arch.num_layers}:{arch.num_heads}/{arch.num_kv_heads}x{arch.head_dim}:{arch.intermediate_size}:{arch.vocab_size}"
     settings = f"{model.device}|{model.dtype}|{model.weights}|{model.attention_backend}|k{k_max}"
-    return f"v5|{cpu_name()}|{os.cpu_count()}|{torch.get_num_threads()}|{torch.__version__}|{settings}|{shape}"
+    return f"v4|{cpu_name()}|{os.cpu_count()}|{torch.get_num_threads()}|{torch.__version__}|{settings}|{shape}"
 
 
 def load_cached(key: str) -> list[Sample] | None:
