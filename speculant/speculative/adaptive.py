@@ -66,12 +66,13 @@ class AdaptiveK:
         if offering:  # the explorer: a posterior draw, at most one draft past its choice at the mean
             b = offering[int(self.rng.integers(len(offering)))]
             z = float(self.rng.standard_normal())
-            alphas[b] = self.tracker.draw(requests[b].request_id, k_max[b], keys[b], z)
-            caps = list(k_max)
-            caps[b] = min(k_max[b], ks[b] + 1)
-            probe = choose_k(alphas, caps, self._with_catch_up(cost, requests, alphas, caps, backlog), MARGIN)
-            if probe[b] > ks[b]:  # a low draw is not taken: fewer drafts teach nothing the mean's choice does not
-                ks = probe
+            if ks[b] < k_max[b]:  # at its cap already, no probe could draft more (and fewer is not taken)
+                alphas[b] = self.tracker.draw(requests[b].request_id, k_max[b], keys[b], z)
+                caps = list(k_max)
+                caps[b] = ks[b] + 1
+                probe = choose_k(alphas, caps, self._with_catch_up(cost, requests, alphas, caps, backlog), MARGIN)
+                if probe[b] > ks[b]:  # a low draw is not taken: fewer drafts teach nothing the mean's choice does not
+                    ks = probe
         self._context, self._draft_s = context, 0.0
         self._keys = {r.request_id: key for r, k, key in zip(requests, k_max, keys) if k > 0}
         return ks
