@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from speculant.attention.base import AttentionBackend
-from speculant.attention.torch_backend import TorchAttentionMeta, attend_gathered
+from speculant.attention.torch_backend import TorchAttentionMeta, attend_gathered, gather
 
 # A forward whose longest sequence has this many new tokens expands: with DeepSeek-V3's dims
 # (16 heads shown, R 512, r 64, dn = dv = 128) over 1,024 keys the two paths cost the same near
@@ -61,7 +61,7 @@ def _absorbed(q_nope, q_rope, latent, w_uk, w_uv, cache, backend, meta, scale) -
 def _expanded(q_nope, q_rope, latent, w_uk, w_uv, cache, meta: TorchAttentionMeta, scale) -> torch.Tensor:
     rank, heads = w_uk.shape[-1], w_uk.shape[0]
     cache.index_copy_(0, meta.slot_mapping, latent[:, None])
-    rows = cache[meta.kv_gather][:, :, 0]  # [B, L, R + r]
+    rows = gather(cache, meta.kv_gather)[:, :, 0]  # [B, L, R + r]
     c_kv, k_rope = rows[..., :rank], rows[..., rank:]
     k_nope = torch.einsum("blr,hdr->blhd", c_kv, w_uk)  # [B, L, H, dn]
     values = torch.einsum("blr,hvr->blhv", c_kv, w_uv)  # [B, L, H, dv]
