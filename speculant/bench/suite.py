@@ -1,10 +1,10 @@
-"""`speculant bench`: every method on the same prompts, interleaved chunk by chunk.
+"""`speculant bench`: every method on the same prompts, side by side step by step.
 
 Batch size B means B requests in flight, as a server under that concurrency sees them
 (continuous batching): when a request finishes, its item's next turn or the next item takes its
 place at once. So a batch's throughput is not set by its slowest request. The items are cut into
-chunks of WAVES x B; each chunk runs under every method in turn (so machine noise hits all
-methods alike). A multi-turn item feeds each user turn after the model's own answer to the
+chunks of WAVES x B; each chunk runs under every method at once, the engines stepping in turn,
+each timed on its own clock (so machine noise hits all methods alike). A multi-turn item feeds each user turn after the model's own answer to the
 previous one, in the chat template. Per request the run records the time to first token and the
 gap before every later token (a step that emits n tokens at once counts n gaps of 1/n of its
 time each).
@@ -60,10 +60,10 @@ def run_suite(
     progress: bool = True,
     rounds: int = 1,
 ) -> list[MethodRun]:
-    """Run every method (name -> LLM) over the items at every batch size. With rounds > 1 every
-    chunk runs that many times under every method, the method order reversed each round (A B,
-    B A, ...) so that a machine slowing down or speeding up over the run weighs on all methods
-    alike; each round has its own n-gram store scope (an output of round 1 is no draft for round 2)."""
+    """Run every method (name -> LLM) over the items at every batch size, the methods in
+    lockstep (`_lockstep`). With rounds > 1 every chunk runs that many times under every method,
+    the order of their steps reversed each round; each round has its own n-gram store scope (an
+    output of round 1 is no draft for round 2)."""
     for llm in llms.values():  # warm-up: first-call costs stay out of the measured runs (a fresh
         # 1.5B engine's first prefill of 16 prompts took 1.7-3.5 s longer than its second: a batch's worth)
         warm = [_turn_prompt(llm, item, [], 0) for item in items[: max(batch_sizes)]]
@@ -76,68 +76,95 @@ def run_suite(
                 chunk = items[start : start + WAVES * b]
                 for r in range(rounds):
                     order = list(llms.items()) if r % 2 == 0 else list(llms.items())[::-1]
-                    for method, llm in order:
-                        _run_chunk(llm, chunk, b, params, runs[method, b], f"batch-{b}" + (f"/round-{r}" if r else ""))
-                        bar.update(len(chunk))
+                    scope = f"batch-{b}" + (f"/round-{r}" if r else "")
+                    _lockstep([(llm, runs[method, b]) for method, llm in order], chunk, b, params, scope, bar)
     return list(runs.values())
 
 
 WAVES = 4  # a chunk holds this many batches' worth of items
 
 
-def _run_chunk(llm: LLM, chunk: list[Conversation], batch_size: int, params: SamplingParams, run: MethodRun, scope: str) -> None:
+def _lockstep(methods: list[tuple[LLM, MethodRun]], chunk: list[Conversation], batch_size: int, params: SamplingParams,
+              scope: str, bar) -> None:
+    """The chunk under every method at once, one engine step of each in turn (the turn order
+    reversed every pass: A B, B A, ...). Each method's time is its own steps' (and submissions'):
+    side by side within a fraction of a second, so a machine whose speed drifts by 10-20% over
+    tens of seconds (measured here) slows every method alike."""
+    flights = [_InFlight(llm, [ItemRun(item) for item in chunk], batch_size, params, scope) for llm, _ in methods]
+    before = [_counters(llm) for llm, _ in methods]
+    passes = 0
+    while any(f.pending for f in flights):
+        for f in flights if passes % 2 == 0 else flights[::-1]:
+            if f.pending:
+                bar.update(f.advance())
+        passes += 1
+    for (llm, run), f, counts in zip(methods, flights, before):
+        run.wall_s += f.clock
+        run.items += f.runs
+        now = _counters(llm)
+        run.accepted_by_position = _add(run.accepted_by_position, _sub(now[0], counts[0]))
+        run.proposed_by_position = _add(run.proposed_by_position, _sub(now[1], counts[1]))
+        run.steps += now[2] - counts[2]
+        run.host_stage_s += now[3] - counts[3]
+        run.host_hidden_s += now[4] - counts[4]
+
+
+def _counters(llm: LLM) -> tuple:
     spec, timeline = llm.engine.stats.spec_stats, llm.engine.timeline
-    acc0, prop0 = list(spec.accepted_by_position), list(spec.proposed_by_position)
-    steps0, host0, hidden0 = llm.engine.stats.steps, timeline.host_s, timeline.hidden_s
-    done = [ItemRun(item) for item in chunk]
-    start = time.perf_counter()
-    _run_in_flight(llm, done, batch_size, params, scope)
-    run.wall_s += time.perf_counter() - start
-    run.items += done
-    run.accepted_by_position = _add(run.accepted_by_position, _sub(spec.accepted_by_position, acc0))
-    run.proposed_by_position = _add(run.proposed_by_position, _sub(spec.proposed_by_position, prop0))
-    run.steps += llm.engine.stats.steps - steps0
-    run.host_stage_s += timeline.host_s - host0
-    run.host_hidden_s += timeline.hidden_s - hidden0
+    return list(spec.accepted_by_position), list(spec.proposed_by_position), llm.engine.stats.steps, timeline.host_s, timeline.hidden_s
 
 
-def _run_in_flight(llm: LLM, runs: list[ItemRun], batch_size: int, params: SamplingParams, scope: str) -> None:
-    """Every turn of every item, batch_size requests in flight: a finished turn is replaced by
-    its item's next turn, else by the next item not started. `scope` names the n-gram store the
-    requests share (one per batch size and round)."""
-    engine, waiting = llm.engine, deque(runs)
-    pending: dict[str, tuple[ItemRun, float]] = {}  # request id -> (its item, submit time)
-    last: dict[str, float] = {}  # request id -> time of its latest tokens
+class _InFlight:
+    """One method's items, batch_size requests in flight: a finished turn is replaced by its
+    item's next turn, else by the next item not started. `scope` names the n-gram store the
+    requests share (one per batch size and round). `clock` counts only this method's own work
+    (its steps, its submissions); latencies are read on it."""
 
-    def submit(r: ItemRun) -> None:
-        prompt = _turn_prompt(llm, r.item, r.token_ids, len(r.token_ids))
-        pending[engine.add_request(prompt, params, user=f"{llm.user}/{scope}").request_id] = (r, time.perf_counter())
+    def __init__(self, llm: LLM, runs: list[ItemRun], batch_size: int, params: SamplingParams, scope: str) -> None:
+        self.llm, self.runs, self.params, self.user = llm, runs, params, f"{llm.user}/{scope}"
+        self.waiting = deque(runs)
+        self.pending: dict[str, tuple[ItemRun, float]] = {}  # request id -> (its item, submit time)
+        self.last: dict[str, float] = {}  # request id -> time of its latest tokens
+        self.clock = 0.0
+        start = time.perf_counter()
+        while self.waiting and len(self.pending) < batch_size:
+            self._submit(self.waiting.popleft(), start)
+        self.clock += time.perf_counter() - start
 
-    while waiting and len(pending) < batch_size:
-        submit(waiting.popleft())
-    while pending:
-        outs = engine.step()
-        now = time.perf_counter()
+    def _submit(self, r: ItemRun, start: float) -> None:
+        prompt = _turn_prompt(self.llm, r.item, r.token_ids, len(r.token_ids))
+        t0 = self.clock + time.perf_counter() - start
+        self.pending[self.llm.engine.add_request(prompt, self.params, user=self.user).request_id] = (r, t0)
+
+    def advance(self) -> int:
+        """One engine step and its bookkeeping; returns the number of items it finished."""
+        start = time.perf_counter()
+        outs = self.llm.engine.step()
+        now, done = self.clock + time.perf_counter() - start, 0
         for out in outs:
-            if out.request_id not in pending:
+            if out.request_id not in self.pending:
                 continue
-            r, t0 = pending[out.request_id]
+            r, t0 = self.pending[out.request_id]
             n = len(out.new_token_ids)
-            if n and out.request_id not in last:
+            if n and out.request_id not in self.last:
                 r.ttft_s.append(now - t0)
                 r.itl_s += [0.0] * (n - 1)  # tokens that came with the first one
             elif n:
-                r.itl_s += [(now - last[out.request_id]) / n] * n
+                r.itl_s += [(now - self.last[out.request_id]) / n] * n
             if n:
                 r.target_forwards += 1
-                last[out.request_id] = now
+                self.last[out.request_id] = now
             if out.finished:
                 _finish(r, out, now - t0)
-                del pending[out.request_id]
+                del self.pending[out.request_id]
                 if len(r.token_ids) < len(r.item.turns):
-                    submit(r)
-                elif waiting:
-                    submit(waiting.popleft())
+                    self._submit(r, start)
+                else:
+                    done += 1
+                    if self.waiting:
+                        self._submit(self.waiting.popleft(), start)
+        self.clock += time.perf_counter() - start
+        return done
 
 
 def _finish(r: ItemRun, out, latency_s: float) -> None:

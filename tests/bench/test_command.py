@@ -10,6 +10,7 @@ from testkit import TinyCheckpoint
 
 from speculant.bench.command import BenchOptions, run_bench
 from speculant.config_options import build_engine_config
+from speculant.sampling.params import SamplingParams
 
 BASE = {"model": "tiny", "page_size": 4, "num_pages": 512, "num_draft_tokens": 3, "adaptive_k": False}  # every step at k
 
@@ -138,26 +139,51 @@ def test_repeat_runs_every_item_again_after_all_of_them(tmp_path, tiny_checkpoin
 
 
 def test_rounds_run_every_item_again_under_every_method_in_reversed_order(tmp_path, tiny_checkpoint, monkeypatch):
-    """--rounds 3: each method runs each item 3 times, the order A B, B A, A B; every round has
+    """--rounds 3: each method runs each item 3 times, the methods stepping in turn (A B, B A,
+    ... within a round) and each round starting from the other end (A B, B A, A B); every round has
     its own n-gram store scope, so a round's outputs draft nothing for the next (the τ of one round)."""
     import speculant.bench.suite as suite
 
-    order = []
-    chunk = suite._run_chunk
-    monkeypatch.setattr(suite, "_run_chunk", lambda llm, *args: (order.append(llm), chunk(llm, *args))[1])
+    rounds, steps = [], []
+    lockstep, advance = suite._lockstep, suite._InFlight.advance
+    monkeypatch.setattr(suite, "_lockstep", lambda methods, *args: (rounds.append([llm for llm, _ in methods]), lockstep(methods, *args))[1])
+    monkeypatch.setattr(suite._InFlight, "advance", lambda self: (steps.append(self.llm), advance(self))[1])
     dataset, _ = _plain(tmp_path)
     opts = dict(methods=("none", "ngram"), dataset=str(dataset), num_prompts=None, max_tokens=8, batch_sizes=(1,), progress=False)
     once = run_bench(build_engine_config(BASE), BenchOptions(**opts), checkpoint=tiny_checkpoint)
-    order.clear()
+    rounds.clear()
+    steps.clear()
     result = run_bench(build_engine_config(BASE), BenchOptions(**opts, rounds=3), checkpoint=tiny_checkpoint)
-    none, ngram = order[0], order[1]
-    assert order == [none, ngram, ngram, none, none, ngram]
+    none, ngram = rounds[0]
+    assert rounds == [[none, ngram], [ngram, none], [none, ngram]]
+    assert steps[:4] == [none, ngram, ngram, none]
     rows = {r["method"]: r for r in result["rows"] if r["category"] == "all"}
     assert rows["none"]["requests"] == rows["ngram"]["requests"] == 6 and result["setup"]["rounds"] == 3
     assert rows["ngram"]["same_tokens"]
     assert rows["ngram"]["tau"] == pytest.approx([r for r in once["rows"] if r["method"] == "ngram" and r["category"] == "all"][0]["tau"])
     with pytest.raises(ValueError, match="--rounds"):
         run_bench(build_engine_config(BASE), BenchOptions(dataset=str(dataset), rounds=0), checkpoint=tiny_checkpoint)
+
+
+def test_each_method_is_timed_on_its_own_clock(tmp_path, tiny_checkpoint, monkeypatch):
+    """Methods step in turn; one method's slow steps are not another's time."""
+    import time
+
+    import speculant.bench.suite as suite
+    from speculant.bench.command import method_llm
+    from speculant.bench.datasets import load_dataset
+
+    slow, fast = (method_llm(build_engine_config(BASE), tiny_checkpoint, None) for _ in range(2))
+    step = slow.engine.step
+    monkeypatch.setattr(slow.engine, "step", lambda: (time.sleep(0.05), step())[1])
+    items = load_dataset(_plain(tmp_path)[0])
+    runs = suite.run_suite({"slow": slow, "fast": fast}, items, [1], SamplingParams(max_tokens=8, temperature=0), progress=False)
+    by = {r.method: r for r in runs}
+    assert by["slow"].steps == by["fast"].steps >= 8
+    assert by["slow"].wall_s >= 0.05 * by["slow"].steps
+    assert by["fast"].wall_s < 0.5 * by["slow"].wall_s  # the slow steps ran between the fast ones, and are not counted there
+    for llm in (slow, fast):
+        llm.close()
 
 
 def test_categories_keep_only_their_items(tmp_path, tiny_checkpoint):
