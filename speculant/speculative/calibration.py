@@ -93,7 +93,8 @@ def calibrated_k(k_max: int) -> int:
 def cache_key(model: ModelConfig, arch: ArchConfig, k_max: int) -> str:
     shape = f"{arch.family}:{arch.hidden_size}x{arch.num_layers}:{arch.num_heads}/{arch.num_kv_heads}x{arch.head_dim}:{arch.intermediate_size}:{arch.vocab_size}"
     settings = f"{model.device}|{model.dtype}|{model.weights}|{model.attention_backend}|k{k_max}"
-    return f"v4|{cpu_name()}|{os.cpu_count()}|{torch.get_num_threads()}|{torch.__version__}|{settings}|{shape}"
+    # v6: verification forwards got cheaper (folded grouped-query attention); older entries price them high
+    return f"v6|{cpu_name()}|{os.cpu_count()}|{torch.get_num_threads()}|{torch.__version__}|{settings}|{shape}"
 
 
 def load_cached(key: str) -> list[Sample] | None:
