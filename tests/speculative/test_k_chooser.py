@@ -72,3 +72,38 @@ def test_matches_exhaustive_search_on_small_batches(seed):
 def test_expected_tokens_by_k_tables_expected_tokens():
     alphas = [0.9, 0.5, 0.25]
     assert expected_tokens_by_k(alphas, 5) == pytest.approx([expected_tokens(alphas, k) for k in range(6)])
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_stopping_early_keeps_the_full_path_s_choice(seed):
+    """The path stops once no longer allocation can win; it chooses what walking every draft
+    would, for costs that never fall when a draft is added (batch 32, k <= 8)."""
+    import heapq
+    import random
+
+    rng = random.Random(seed)
+    alphas = [[rng.random() for _ in range(8)] for _ in range(32)]
+    k_max = [rng.choice([0, 2, 8, 8]) for _ in range(32)]
+    base, per_row, jump = rng.uniform(0.05, 0.1), rng.uniform(1e-4, 2e-3), rng.uniform(0, 0.01)  # most seeds draft some
+
+    def cost(ks):
+        return base + per_row * sum(k + 1 for k in ks) + (jump if any(ks) else 0.0) + 0.002 * max(ks, default=0)
+
+    def full_path(margin):
+        ks, survive, tokens = [0] * 32, [1.0] * 32, 32.0
+        gains = [(-alphas[b][0], b) for b in range(32) if k_max[b]]
+        heapq.heapify(gains)
+        best, best_rate = list(ks), tokens / cost(ks) * (1 + margin)
+        while gains:
+            g, b = heapq.heappop(gains)
+            ks[b] += 1
+            tokens -= g
+            survive[b] = -g
+            if tokens / cost(ks) > best_rate * (1 + 1e-9):
+                best, best_rate = list(ks), tokens / cost(ks)
+            if ks[b] < k_max[b]:
+                heapq.heappush(gains, (-survive[b] * alphas[b][ks[b]], b))
+        return best
+
+    for margin in (0.0, 0.05):
+        assert choose_k(alphas, k_max, cost, margin) == full_path(margin)
