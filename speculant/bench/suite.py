@@ -4,10 +4,10 @@ Batch size B means B requests in flight, as a server under that concurrency sees
 (continuous batching): when a request finishes, its item's next turn or the next item takes its
 place at once. So a batch's throughput is not set by its slowest request. The items are cut into
 chunks of WAVES x B; each chunk runs under every method at once, the engines stepping in turn,
-each timed on its own clock (so machine noise hits all methods alike). A multi-turn item feeds each user turn after the model's own answer to the
-previous one, in the chat template. Per request the run records the time to first token and the
-gap before every later token (a step that emits n tokens at once counts n gaps of 1/n of its
-time each).
+each timed on its own clock (so machine noise hits all methods alike). A multi-turn item feeds
+each user turn after the model's own answer to the previous one, in the chat template. Per
+request the run records the time to first token and the gap before every later token (a step
+that emits n tokens at once counts n gaps of 1/n of its time each).
 """
 
 from __future__ import annotations
