@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from tqdm import tqdm
 
@@ -98,20 +99,30 @@ def _lockstep(methods: list[tuple[LLM, MethodRun]], chunk: list[Conversation], b
             if f.pending:
                 bar.update(f.advance())
         passes += 1
-    for (llm, run), f, counts in zip(methods, flights, before):
+    for (llm, run), f, was in zip(methods, flights, before):
+        now = _counters(llm)
         run.wall_s += f.clock
         run.items += f.runs
-        now = _counters(llm)
-        run.accepted_by_position = _add(run.accepted_by_position, _sub(now[0], counts[0]))
-        run.proposed_by_position = _add(run.proposed_by_position, _sub(now[1], counts[1]))
-        run.steps += now[2] - counts[2]
-        run.host_stage_s += now[3] - counts[3]
-        run.host_hidden_s += now[4] - counts[4]
+        run.accepted_by_position = _add(run.accepted_by_position, _sub(now.accepted, was.accepted))
+        run.proposed_by_position = _add(run.proposed_by_position, _sub(now.proposed, was.proposed))
+        run.steps += now.steps - was.steps
+        run.host_stage_s += now.host_s - was.host_s
+        run.host_hidden_s += now.hidden_s - was.hidden_s
 
 
-def _counters(llm: LLM) -> tuple:
+class _Counters(NamedTuple):
+    """An engine's running totals, read before and after a chunk."""
+
+    accepted: list[int]  # [slot] drafts accepted
+    proposed: list[int]  # [slot] drafts proposed
+    steps: int
+    host_s: float  # host-stage seconds
+    hidden_s: float  # of which overlapped the step worker
+
+
+def _counters(llm: LLM) -> _Counters:
     spec, timeline = llm.engine.stats.spec_stats, llm.engine.timeline
-    return list(spec.accepted_by_position), list(spec.proposed_by_position), llm.engine.stats.steps, timeline.host_s, timeline.hidden_s
+    return _Counters(list(spec.accepted_by_position), list(spec.proposed_by_position), llm.engine.stats.steps, timeline.host_s, timeline.hidden_s)
 
 
 class _InFlight:

@@ -61,8 +61,9 @@ def choose_k(
         tokens -= neg_gain
         survive[b] = -neg_gain
         seconds = step_cost(ks)
-        if tokens / seconds > best_rate * (1 + 1e-9):
-            best, best_rate = list(ks), tokens / seconds
+        rate = tokens / seconds
+        if rate > best_rate * (1 + 1e-9):
+            best, best_rate = list(ks), rate
         if ks[b] < k_max[b]:
             heapq.heappush(gains, (-survive[b] * _at(alphas[b], ks[b]), b))
         if gains and (tokens - gains[0][0] * remaining) / seconds <= best_rate * (1 + 1e-9):
