@@ -11,7 +11,8 @@ batch (a Thompson draw over every slot at once made thin far slots look good and
 probed k = 5-6 where k = 2 was best). A draw that would draft less than the mean's choice is not
 taken: fewer drafts verify only slots the mean's choice verifies too, so they teach nothing and
 cost tokens (at batch 1 the one request is the explorer every step, and low draws turned steps of
-a chat answer at k = 1-2 into plain ones). The cost
+a chat answer at k = 1-2 into plain ones); so a draw below the mean (z <= 0) is not even priced,
+which halves the explorer's share of the plan (a second pass of the chooser). The cost
 of a step comes from a model of the target's verify time by row count with a speculative step's
 fixed overhead (`StepCostModel`, calibrated at start-up and fitted online from measured step
 times), plus the proposer's measured time, each fitted by forwards and rows (`WorkCost`): its
@@ -66,7 +67,7 @@ class AdaptiveK:
         if offering:  # the explorer: a posterior draw, at most one draft past its choice at the mean
             b = offering[int(self.rng.integers(len(offering)))]
             z = float(self.rng.standard_normal())
-            if ks[b] < k_max[b]:  # at its cap already, no probe could draft more (and fewer is not taken)
+            if ks[b] < k_max[b] and z > 0.0:  # at its cap, no probe drafts more; a draw below the mean asks for fewer
                 alphas[b] = self.tracker.draw(requests[b].request_id, k_max[b], keys[b], z)
                 caps = list(k_max)
                 caps[b] = ks[b] + 1

@@ -111,11 +111,28 @@ def test_a_speculative_step_s_fixed_overhead_is_learnt():
     assert model.predict([1] + [0] * 15, 8000) == pytest.approx(law(17) + 0.005, rel=0.03)
 
 
+def test_plain_steps_slower_than_calibrated_raise_the_price_of_verifying_too():
+    """A cached calibration, the machine 30% slower today: a batch of 16's plain steps excite only
+    the 16-row knot. Moved alone, it priced 16 drafts (32 rows) at a few ms over the plain step
+    (17 drafts once measured 86 ms against 58); the knots share a level, so they move together."""
+    law = lambda m: 0.030 + 0.001 * m  # noqa: E731
+    calibration = [([k], 64, law(k + 1)) for k in range(9)]
+    calibration += [([0] * 8, 512, law(8)), ([1] * 8, 512, law(16)), ([8] * 8, 512, law(72))]
+    calibration += [([0] * 32, 2048, law(32)), ([1] * 32, 2048, law(64)), ([8] * 32, 2048, law(288))]
+    model = StepCostModel.calibrated(calibration)
+    for i in range(20):
+        model.update([0] * 16, 1000 + 16 * i, 1.3 * law(16))
+    plain, drafting = model.predict([0] * 16, 1400), model.predict([2] * 8 + [0] * 8, 1400)
+    assert plain == pytest.approx(1.3 * law(16), rel=0.05)
+    assert drafting - plain > 0.75 * (law(32) - law(16))
+
+
 def test_one_slow_row_count_is_averaged_with_its_neighbours_not_carried_to_every_longer_verify():
     """Knots out of order are pooled (least-squares monotone), so a 3-row step measured slow
     once does not price 4, 5 and 6 rows at its time."""
     assert non_decreasing([136, 129, 215, 168, 164, 171]) == pytest.approx([132.5, 132.5, 179.5, 179.5, 179.5, 179.5])
     assert non_decreasing([1, 2, 3]) == [1, 2, 3]
+    assert non_decreasing([3, 1], [1, 99]) == pytest.approx([1.02, 1.02])  # the sure knot holds the pool
     model = StepCostModel.calibrated([([k], 64, cpu_like(k + 1)) for k in range(9)])
     model.theta[2] += 0.05  # the 3-row knot measured slow
     assert model.predict([4], 64) < cpu_like(5) + 0.05 / 2
