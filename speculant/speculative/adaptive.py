@@ -23,6 +23,8 @@ chooser itself is pure (`k_chooser.choose_k`).
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable, Hashable, Sequence
 
 import numpy as np
@@ -32,6 +34,8 @@ from speculant.speculative.acceptance_tracker import AcceptanceTracker
 from speculant.speculative.cost_model import MovingAverage, StepCostModel, WorkCost
 from speculant.speculative.k_chooser import choose_k, expected_tokens_by_k
 
+PLAN_SHARE = 0.002  # while plans draft nothing, planning runs only as often as keeps its time under this share of the steps'
+REST_MAX = 16  # unplanned steps in a row at most
 MARGIN = 0.05  # predicted gain over plain decoding needed to speculate (the model's typical error)
 CATCH_UP_MIN = 16  # a backlog past this many tokens is priced (a shorter one is part of the feed's cost)
 CATCH_UP_RISK = 2.0  # a catch-up is paid now and won back only if the answer runs to max_tokens and the estimates hold
@@ -52,6 +56,10 @@ class AdaptiveK:
         self._context = None  # context tokens of the decode step being taken; None: not a decode step
         self._keys: dict[str, Hashable] = {}  # request id -> key of the drafts on offer this step (offered only)
         self._draft_s = 0.0  # seconds this step spent in the proposer (proposing, refilling)
+        self.plan_s = MovingAverage(0.0)  # host seconds a planned decode step spends choosing k's and learning from them
+        self.step_s = MovingAverage(0.0)  # seconds of a planned decode step
+        self._plan_now = 0.0  # this step's planning seconds so far
+        self._rest = 0  # decode steps left to take unplanned (every k 0)
 
     def choose(
         self, requests: Sequence[Request], k_max: Sequence[int], keys: Sequence[Hashable] | None = None, backlog: Sequence[int] | None = None,
@@ -115,6 +123,24 @@ class AdaptiveK:
     def not_decoding(self) -> None:
         self._context = None
 
+    def resting(self) -> bool:
+        """Whether this decode step is taken unplanned, as a plain step: no lookups, no choice, and
+        nothing learnt from it. Planning costs host time on every step whatever it decides (at
+        batch 16 and 32 ~1-2% of a plain step: each request's lookup, the chooser, the fits).
+        While plans draft nothing, they run only as often as keeps that time under PLAN_SHARE of
+        the steps' (n-gram chat at batch 16: every ~8th step; at batch 1 every step), so where
+        speculation cannot pay it costs about nothing, and where it can it waits a few steps at
+        most. Acceptance fades per planned step, so the explorer comes back as before, in fewer
+        steps' time."""
+        if self._rest <= 0:
+            return False
+        self._rest -= 1
+        self._context = None
+        return True
+
+    def record_plan_time(self, seconds: float) -> None:
+        self._plan_now = seconds
+
     def record_draft_time(self, seconds: float, work: tuple[int, int]) -> None:
         """The proposer spent `seconds` proposing with `work` = (draft forwards, their rows)."""
         self._draft_s += seconds
@@ -142,6 +168,7 @@ class AdaptiveK:
         A request with nothing on offer (no n-gram match) leaves its evidence as it is."""
         if self._context is None:
             return
+        start = time.perf_counter()
         offsets = result.row_offsets
         ks = [offsets[b + 1] - offsets[b] - 1 for b in range(len(result.requests))]
         accepted = result.accepted_counts if result.speculative else [0] * len(ks)
@@ -158,6 +185,10 @@ class AdaptiveK:
             self.tracker.idle_step()
         self.cost.update(ks, self._context, max(0.0, seconds - self._draft_s))
         self._context = None
+        self.plan_s.update(self._plan_now + time.perf_counter() - start)
+        self.step_s.update(seconds)
+        share = self.plan_s.value / max(1e-9, PLAN_SHARE * self.step_s.value)  # planning's time in units of its budget
+        self._rest = 0 if any(ks) else max(0, min(REST_MAX, math.ceil(share) - 1))
 
     def release(self, request: Request) -> None:
         self.tracker.release(request.request_id)

@@ -123,13 +123,16 @@ class Proposer(ABC):
             if self.adaptive is not None:
                 self.adaptive.not_decoding()
             return False
-        bounds = [self.num_draft_tokens(r) for r in batch.requests]
-        if self.adaptive is not None:
-            offers = [self.offer(r, k) for r, k in zip(batch.requests, bounds)]
+        if self.adaptive is None:
+            ks = [self.num_draft_tokens(r) for r in batch.requests]
+        elif self.adaptive.resting():  # planning found nothing to draft lately: a plain step, unplanned
+            ks = [0] * len(batch.requests)
+        else:
+            start = time.perf_counter()
+            offers = [self.offer(r, self.num_draft_tokens(r)) for r in batch.requests]
             backlog = [self.backlog(r) for r in batch.requests]
             ks = self.adaptive.choose(batch.requests, [n for n, _ in offers], [key for _, key in offers], backlog)
-        else:
-            ks = bounds
+            self.adaptive.record_plan_time(time.perf_counter() - start)
         self._step_ks = {r.request_id: k for r, k in zip(batch.requests, ks)}
         return any(k > 0 for k in ks)
 
