@@ -1,9 +1,9 @@
 """Start-up calibration of the step cost model (adaptive k), cached per machine and model shape.
 
 Target forwards shaped like decode steps are timed at start-up (`points`, in turns: `measure`):
-one sequence verifying every 1..max(k, MIN_K) + 1 tokens, batches of 8 and 32 sequences, and one
-sequence over a longer context, so that `StepCostModel`'s cost by row count and its context
-coefficients are determined. The fit seeds the online model, which the engine's measured step
+one sequence verifying every 1..max(k, MIN_K) + 1 tokens, batches of 8 and 32 sequences (at one
+total context), and one sequence over a longer context, so that `StepCostModel`'s cost by row
+count and its context coefficients are determined. The fit seeds the online model, which the engine's measured step
 times then correct.
 Results are cached in `$SPECULANT_CACHE/step_cost.json` under a key of the CPU, threads, torch
 version, device, dtype, weights and the target's shape, so only the first start measures.
@@ -37,11 +37,16 @@ def points(k_max: int, max_seqs: int, capacity: int, max_position: int) -> list[
     """(sequences, tokens verified per sequence, context per sequence) to time, fitting in
     `capacity` KV slots and the model's context: one sequence at every k up to k_max (the
     cost's shape in the row count matters most there), batches of 8 and 32 at k = 0, 1 and
-    k_max, and one sequence over a longer context."""
+    k_max, and one sequence over a longer context. The batches hold the same total context
+    (64 and 16 tokens a sequence): at 64 each, the batch of 32 held 4x the context of the batch
+    of 8, and the fit could explain its cost by context as well as by rows. Noisy single-sequence
+    points then had it take context (smollm2: 16 ms per 1000 tokens, knots from 16 to 32 rows
+    flat at 33-38 ms), and 17 drafts at batch 16 were priced as free (75 ms against 49 measured)."""
     short, long = (min(c, max_position - k_max - 1) for c in (SHORT_CONTEXT, LONG_CONTEXT))
     out = [(1, t, short) for t in range(1, k_max + 2)]
     for batch in dict.fromkeys(min(b, max_seqs) for b in BATCHES):
-        out += [(batch, t, short) for t in (1, 2, k_max + 1)]
+        per_seq = max(1, short * BATCHES[0] // batch)  # every batch at one total context: rows alone set them apart
+        out += [(batch, t, per_seq) for t in (1, 2, k_max + 1)]
     out += [(1, t, long) for t in (1, k_max + 1)]
     return [p for p in dict.fromkeys(out) if p[2] > 0 and p[0] * (p[1] + p[2]) <= capacity]
 
@@ -93,8 +98,8 @@ def calibrated_k(k_max: int) -> int:
 def cache_key(model: ModelConfig, arch: ArchConfig, k_max: int) -> str:
     shape = f"{arch.family}:{arch.hidden_size}x{arch.num_layers}:{arch.num_heads}/{arch.num_kv_heads}x{arch.head_dim}:{arch.intermediate_size}:{arch.vocab_size}"
     settings = f"{model.device}|{model.dtype}|{model.weights}|{model.attention_backend}|k{k_max}"
-    # v6: verification forwards got cheaper (folded grouped-query attention); older entries price them high
-    return f"v6|{cpu_name()}|{os.cpu_count()}|{torch.get_num_threads()}|{torch.__version__}|{settings}|{shape}"
+    # v7: the batched points hold one total context (v6: verification forwards got cheaper)
+    return f"v7|{cpu_name()}|{os.cpu_count()}|{torch.get_num_threads()}|{torch.__version__}|{settings}|{shape}"
 
 
 def load_cached(key: str) -> list[Sample] | None:

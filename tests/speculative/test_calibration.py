@@ -16,7 +16,8 @@ from speculant.speculative.cost_model import StepCostModel
 def test_points_cover_batch_tokens_and_context_within_capacity():
     pts = calibration.points(k_max=4, max_seqs=64, capacity=100_000, max_position=4096)
     assert {(b, t) for b, t, _ in pts} == {(1, t) for t in range(1, 6)} | {(b, t) for b in (8, 32) for t in (1, 2, 5)}
-    assert {c for _, _, c in pts} == {calibration.SHORT_CONTEXT, calibration.LONG_CONTEXT}
+    assert {c for _, _, c in pts} == {calibration.SHORT_CONTEXT, calibration.LONG_CONTEXT, calibration.SHORT_CONTEXT * 8 // 32}
+    assert len({b * c for b, _, c in pts if b > 1}) == 1  # the batches hold one total context: rows alone set them apart
     small = calibration.points(k_max=4, max_seqs=2, capacity=300, max_position=128)
     assert all(b <= 2 and b * (t + c) <= 300 and t + c <= 128 for b, t, c in small) and small
 
