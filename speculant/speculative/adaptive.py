@@ -128,9 +128,9 @@ class AdaptiveK:
         nothing learnt from it. Planning costs host time on every step whatever it decides (at
         batch 16 and 32 ~1-2% of a plain step: each request's lookup, the chooser, the fits).
         While plans draft nothing, they run only as often as keeps that time under PLAN_SHARE of
-        the steps' (n-gram chat at batch 16: every ~8th step; at batch 1 every step), so where
-        speculation cannot pay it costs about nothing, and where it can it waits a few steps at
-        most. Acceptance fades per planned step, so the explorer comes back as before, in fewer
+        the steps' (1 ms of planning a 50 ms step: one step in 10; at batch 1 planning is a far
+        smaller share of a step, so it plans every step or every other), so where speculation
+        cannot pay it costs about nothing, and where it can it waits a few steps at most. Acceptance fades per planned step, so the explorer comes back as before, in fewer
         steps' time."""
         if self._rest <= 0:
             return False

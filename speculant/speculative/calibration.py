@@ -3,8 +3,8 @@
 Target forwards shaped like decode steps are timed at start-up (`points`, in turns: `measure`):
 one sequence verifying every 1..max(k, MIN_K) + 1 tokens, batches of 8 and 32 sequences (at one
 total context), and one sequence over a longer context, so that `StepCostModel`'s cost by row
-count and its context coefficients are determined. The fit seeds the online model, which the engine's measured step
-times then correct.
+count and its context coefficients are determined. The fit seeds the online model, which the
+engine's measured step times then correct.
 Results are cached in `$SPECULANT_CACHE/step_cost.json` under a key of the CPU, threads, torch
 version, device, dtype, weights and the target's shape, so only the first start measures.
 """

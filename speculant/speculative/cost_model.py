@@ -24,7 +24,7 @@ old steps (factor 0.98: about the last 50 decode steps count), from a prior: the
 calibration (`speculative.calibration`) or, without one, 10 ms a step plus 1 ms a row. Knots the
 calibration did not reach are interpolated with a smoothness penalty. The prior lets the knots
 move together before it lets them move apart (a level shared by all, as uncertain as the 1-row
-step, and each knot within a quarter of its value on its own): a batch's plain steps excite
+step, and each knot within about a third of its value on its own): a batch's plain steps excite
 only its own knot, and when they measured 25% slower than calibrated (a cached calibration, the
 machine slower today) independent knots once priced 17 drafts at batch 16 as free, and the step
 took 86 ms against 58. Pure arithmetic: no engine, no torch.
