@@ -34,7 +34,7 @@ from speculant.speculative.acceptance_tracker import AcceptanceTracker
 from speculant.speculative.cost_model import MovingAverage, StepCostModel, WorkCost
 from speculant.speculative.k_chooser import choose_k, expected_tokens_by_k
 
-PLAN_SHARE = 0.002  # while plans draft nothing, planning runs only as often as keeps its time under this share of the steps'
+PLAN_SHARE = 0.05  # while plans draft nothing, planning runs only as often as keeps its time under this share of a token's
 REST_MAX = 16  # unplanned steps in a row at most
 MARGIN = 0.05  # predicted gain over plain decoding needed to speculate (the model's typical error)
 CATCH_UP_MIN = 16  # a backlog past this many tokens is priced (a shorter one is part of the feed's cost)
@@ -127,11 +127,13 @@ class AdaptiveK:
         """Whether this decode step is taken unplanned, as a plain step: no lookups, no choice, and
         nothing learnt from it. Planning costs host time on every step whatever it decides (at
         batch 16 and 32 ~1-2% of a plain step: each request's lookup, the chooser, the fits).
-        While plans draft nothing, they run only as often as keeps that time under PLAN_SHARE of
-        the steps' (1 ms of planning a 50 ms step: one step in 10; at batch 1 planning is a far
-        smaller share of a step, so it plans every step or every other), so where speculation
-        cannot pay it costs about nothing, and where it can it waits a few steps at most. Acceptance fades per planned step, so the explorer comes back as before, in fewer
-        steps' time."""
+        While plans draft nothing, what the next plan can win is about one token (a request's
+        draft accepted), worth a plain step's time over its sequences; so plans run only as
+        often as keeps their time under PLAN_SHARE of that (0.9 ms of planning a 50 ms step of
+        16 sequences: one step in 6). At batch 1 a token is a whole step and every step plans
+        (an earlier budget, a share of the step, rested 5 steps after each empty plan at batch 1
+        and cut adaptive n-gram there from 1.69x to 1.55x on code). Acceptance fades per planned
+        step, so the explorer comes back as before, in fewer steps' time."""
         if self._rest <= 0:
             return False
         self._rest -= 1
@@ -187,7 +189,8 @@ class AdaptiveK:
         self._context = None
         self.plan_s.update(self._plan_now + time.perf_counter() - start)
         self.step_s.update(seconds)
-        share = self.plan_s.value / max(1e-9, PLAN_SHARE * self.step_s.value)  # planning's time in units of its budget
+        token_s = self.step_s.value / max(1, len(ks))  # what one token of a plain step costs
+        share = self.plan_s.value / max(1e-12, PLAN_SHARE * token_s)  # planning's time in units of its budget
         self._rest = 0 if any(ks) else max(0, min(REST_MAX, math.ceil(share) - 1))
 
     def release(self, request: Request) -> None:

@@ -234,27 +234,27 @@ def test_a_backlog_is_caught_up_only_when_the_rest_of_the_answer_pays_for_it():
 
 def test_planning_rests_while_it_drafts_nothing_in_proportion_to_its_cost():
     """After a plan that drafts nothing, as many unplanned plain steps follow as keep planning's
-    time under PLAN_SHARE of the steps'; a cheap plan runs every step, and a plan that drafts is
-    followed by another."""
+    time under PLAN_SHARE of one token's (a plain step over its sequences); a plan that is cheap
+    against a token (batch 1) runs every step, and a plan that drafts is followed by another."""
     from types import SimpleNamespace
 
     from speculant.speculative.adaptive import PLAN_SHARE, AdaptiveK
 
-    requests = [SimpleNamespace(request_id=str(b), num_computed_tokens=10, finished=False) for b in range(2)]
-
     def planned_step(adaptive, ks, plan_s, step_s=0.05):
         assert not adaptive.resting()
+        requests = [SimpleNamespace(request_id=str(b), num_computed_tokens=10, finished=False) for b in range(len(ks))]
         adaptive._context = 20  # what `choose` leaves for a decode step
         adaptive.record_plan_time(plan_s)
-        offsets = [0, ks[0] + 1, ks[0] + ks[1] + 2]
-        adaptive.observe(SimpleNamespace(requests=requests, row_offsets=offsets, accepted_counts=[0, 0], speculative=any(ks)), step_s)
+        offsets = list(itertools.accumulate((k + 1 for k in ks), initial=0))
+        result = SimpleNamespace(requests=requests, row_offsets=offsets, accepted_counts=[0] * len(ks), speculative=any(ks))
+        adaptive.observe(result, step_s)
         rests = 0
         while adaptive.resting():
             rests += 1
         return rests
 
-    assert planned_step(AdaptiveK(lambda ks: (0, 0)), [0, 0], 1e-6, step_s=10.0) == 0  # planning is nearly free: every step plans
+    assert planned_step(AdaptiveK(lambda ks: (0, 0)), [0], 0.0003, step_s=0.03) == 0  # batch 1: a token is the whole step
     adaptive = AdaptiveK(lambda ks: (0, 0))
-    expected = 0.001 / (PLAN_SHARE * 0.05) - 1  # 1 ms of planning a 50 ms step
-    assert expected - 1 <= planned_step(adaptive, [0, 0], 0.001) <= expected + 1
-    assert planned_step(adaptive, [1, 0], 0.001) == 0  # it drafted: the next step plans
+    expected = 0.001 / (PLAN_SHARE * 0.05 / 16) - 1  # 1 ms of planning a 50 ms step of 16 sequences: ~5
+    assert expected - 1 <= planned_step(adaptive, [0] * 16, 0.001) <= expected + 1
+    assert planned_step(adaptive, [1] + [0] * 15, 0.001) == 0  # it drafted: the next step plans
