@@ -258,3 +258,22 @@ def test_planning_rests_while_it_drafts_nothing_in_proportion_to_its_cost():
     expected = 0.001 / (PLAN_SHARE * 0.05 / 16) - 1  # 1 ms of planning a 50 ms step of 16 sequences: ~5
     assert expected - 1 <= planned_step(adaptive, [0] * 16, 0.001) <= expected + 1
     assert planned_step(adaptive, [1] + [0] * 15, 0.001) == 0  # it drafted: the next step plans
+
+
+def test_the_first_step_at_a_new_row_count_is_not_fitted():
+    """It pays one-off kernel set-up: fitted, one slow first verify priced every later one high."""
+    from types import SimpleNamespace
+
+    from speculant.speculative.adaptive import AdaptiveK
+
+    adaptive = AdaptiveK(lambda ks: (0, 0))
+    request = SimpleNamespace(request_id="r", num_computed_tokens=10, finished=False)
+
+    def step(k, seconds):
+        adaptive._context = 20
+        adaptive.observe(SimpleNamespace(requests=[request], row_offsets=[0, k + 1], accepted_counts=[0], speculative=k > 0), seconds)
+        return adaptive.cost.num_updates
+
+    assert step(8, 0.080) == 0  # the first 9-row step: set-up, not fitted
+    assert step(8, 0.031) == 1
+    assert step(0, 0.030) == 1 and step(0, 0.030) == 2
