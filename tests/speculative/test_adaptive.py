@@ -277,3 +277,8 @@ def test_the_first_step_at_a_new_row_count_is_not_fitted():
     assert step(8, 0.080) == 0  # the first 9-row step: set-up, not fitted
     assert step(8, 0.031) == 1
     assert step(0, 0.030) == 1 and step(0, 0.030) == 2
+    setup = adaptive.setup_s.value  # what the first steps cost over the fit's price
+    cost = adaptive.cost_of(20, 1)
+    assert setup > 0.02
+    assert cost([8]) == pytest.approx(adaptive.cost.curve(20, 1)(9))  # run before: no set-up
+    assert cost([3]) == pytest.approx(adaptive.cost.curve(20, 1)(4) + setup)  # not run yet: its set-up is charged
