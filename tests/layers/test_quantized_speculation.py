@@ -32,8 +32,8 @@ PROMPTS = [[5, 9, 12, 5, 9, 12, 5, 9], [3, 4, 5, 6, 3, 4, 5], [7] * 6, [10, 11, 
 
 
 def quantized_llm(weights: str, target, draft=None, method: str = "none", k: int = 4, **cache) -> LLM:
-    speculative = SpeculativeConfig(
-        method=method, num_draft_tokens=k, draft=DraftModelConfig(model="tiny-draft" if draft else None)
+    speculative = SpeculativeConfig(  # fixed k: each k is tested (adaptive k on tiny models may never draft)
+        method=method, num_draft_tokens=k, adaptive_k=False, draft=DraftModelConfig(model="tiny-draft" if draft else None)
     )
     config = EngineConfig(
         model=ModelConfig(model="tiny", weights=weights),

@@ -45,7 +45,7 @@ def server(tiny_checkpoint) -> Iterator[RunningServer]:
 @pytest.fixture(scope="session")
 def ngram_server(tiny_checkpoint) -> Iterator[RunningServer]:
     with serve(
-        tiny_checkpoint, engine_config(SpeculativeConfig(method="ngram", num_draft_tokens=3))
+        tiny_checkpoint, engine_config(SpeculativeConfig(method="ngram", num_draft_tokens=3, adaptive_k=False))  # drafts every step
     ) as running:
         yield running
 
