@@ -31,7 +31,7 @@ import numpy as np
 
 from speculant.core import Request, StepResult
 from speculant.speculative.acceptance_tracker import AcceptanceTracker
-from speculant.speculative.cost_model import MovingAverage, StepCostModel, WorkCost
+from speculant.speculative.cost_model import MovingAverage, StepCostModel, WorkCost, rows
 from speculant.speculative.k_chooser import choose_k, expected_tokens_by_k
 
 PLAN_SHARE = 0.05  # while plans draft nothing, planning runs only as often as keeps its time under this share of a token's
@@ -91,14 +91,13 @@ class AdaptiveK:
     def cost_of(self, context: int, num_seqs: int) -> Callable[[Sequence[int]], float]:
         """Per-request k's of num_seqs sequences -> predicted seconds of this step (target and draft)."""
         target, draft, feed = self.cost.curve(context, num_seqs), self.draft_cost, self.feed_cost
-
-        has_run, setup = self._rows_run.__contains__, self.setup_s.value
+        run, setup = self._rows_run, self.setup_s.value
 
         def cost(ks: list[int]) -> float:
             fed = len(ks) - ks.count(0) if self.lazy_feed else len(ks)
-            rows = sum(ks) + len(ks)
-            first = setup if rows > len(ks) and not has_run(rows) else 0.0  # a row count not run yet pays its set-up
-            return target(rows) + first + draft(*self.draft_work(ks)) + (feed(1, fed) if fed else 0.0)
+            m = sum(ks) + len(ks)
+            first = setup if m > len(ks) and m not in run else 0.0  # a row count not run yet pays its set-up
+            return target(m) + first + draft(*self.draft_work(ks)) + (feed(1, fed) if fed else 0.0)
 
         return cost
 
@@ -143,7 +142,7 @@ class AdaptiveK:
         if self._rest <= 0:
             return False
         self._rest -= 1
-        self._context = None
+        self.not_decoding()
         return True
 
     def record_plan_time(self, seconds: float) -> None:
@@ -198,12 +197,12 @@ class AdaptiveK:
                 any_idle = True
         if any_idle:
             self.tracker.idle_step()
-        rows, target_s = sum(k + 1 for k in ks), max(0.0, seconds - self._draft_s)
-        if rows in self._rows_run:
+        m, target_s = rows(ks), max(0.0, seconds - self._draft_s)
+        if m in self._rows_run:
             self.cost.update(ks, self._context, target_s)
         else:  # its first step pays one-off set-up (oneDNN's primitives for each weight at M rows): priced apart
             self.setup_s.update(max(0.0, target_s - self.cost.predict(ks, self._context)))
-            self._rows_run.add(rows)
+            self._rows_run.add(m)
         self._context = None
         self.plan_s.update(self._plan_now + time.perf_counter() - start)
         self.step_s.update(seconds)
