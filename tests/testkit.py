@@ -128,9 +128,14 @@ class TinyCheckpoint:
 
 
 def tiny_llm(hf_model, draft_hf_model=None, **kwargs):
-    """An LLM over a tiny model (and tiny draft), with small pages so sequences span several."""
+    """An LLM over a tiny model (and tiny draft), with small pages so sequences span several.
+
+    k is fixed unless a test asks for adaptive k: on a tiny model the host's planning is a large
+    share of a step, so adaptive k may rightly decide not to draft at all on a slow machine, and
+    a test of a proposer must see it draft."""
     from speculant import LLM
 
+    kwargs.setdefault("adaptive_k", False)
     kwargs.setdefault("page_size", 4)
     kwargs.setdefault("num_pages", 256)
     if draft_hf_model is not None:

@@ -51,6 +51,11 @@ class TPGroup:
         self.pg.allgather([parts], [x]).wait()
         return torch.cat(parts, dim=-1)
 
+    def shutdown(self) -> None:
+        """Close this rank's connections now, in order, rather than in the interpreter's teardown
+        (where gloo may abort on a peer that is closing its own at the same moment)."""
+        self.pg.shutdown()
+
     def broadcast(self, buf: torch.Tensor) -> None:
         """Rank 0's `buf` into every rank's `buf` (same size everywhere)."""
         options = dist.BroadcastOptions()

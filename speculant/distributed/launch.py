@@ -8,6 +8,7 @@ the rendezvous is torchrun's MASTER_ADDR / MASTER_PORT (the env:// convention).
 
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import socket
@@ -102,6 +103,11 @@ class Workers:
             if self.store.check([f"failed/{rank}"]):
                 states.append(f"rank {rank} reported:\n{self.store.get(f'failed/{rank}').decode()}")
         return "; ".join(states) if states else "workers started by torchrun"
+
+    def wait_stopped(self, timeout_s: float) -> None:
+        """Block until every worker has closed its connections after STOP (`stopped/<rank>`)."""
+        keys = [f"stopped/{rank}" for rank in range(1, self.world_size)]
+        self.store.wait(keys, datetime.timedelta(seconds=timeout_s))
 
     def stop(self, timeout_s: float) -> None:
         """Join the spawned workers; kill those still running after `timeout_s`."""

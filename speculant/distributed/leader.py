@@ -139,11 +139,15 @@ class TensorParallelExecutor(Executor):
         raise self.failure from exc
 
     def close(self) -> None:
-        """Stop the workers (STOP message, then join); idempotent."""
+        """Stop the workers (STOP message; each closes its connections and says so), close the
+        leader's own, then join; idempotent. Closing in this order, rather than in each process's
+        teardown, keeps gloo from meeting a peer's closing socket while it tears its own down."""
         with self._lock:
             if self.failure is None and all(p.exitcode is None for p in self.workers.processes):
                 with contextlib.suppress(Exception):
                     self.channel.send(Op.STOP, [], [])
+                    self.workers.wait_stopped(_STOP_TIMEOUT_S)
+                    self.channel.group.shutdown()
             self.failure = self.failure or ExecutorFailed("the tensor-parallel executor is closed")
         self.workers.stop(_STOP_TIMEOUT_S)
 

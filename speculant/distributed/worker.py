@@ -43,6 +43,8 @@ def worker_main(rank: int, world_size: int, host: str, port: int, config: Engine
     except BaseException:
         store.set(f"failed/{rank}", traceback.format_exc())
         raise
+    group.shutdown()  # after STOP: close this rank's connections, then tell the leader
+    store.set(f"stopped/{rank}", "1")
 
 
 def holdings(executor: Executor) -> dict[str, dict[str, int]]:

@@ -45,7 +45,7 @@ def test_logits_and_greedy_tokens_equal_one_rank(engines):
 def test_shipped_mtp_head_over_two_ranks_is_lossless(engines):
     _, two, prompts = engines
     plain = [o.token_ids for o in two.generate(prompts, PARAMS)]
-    mtp = LLM(model="smollm2-135m", speculative="mtp", num_draft_tokens=3, tensor_parallel_size=2, **OPTIONS)
+    mtp = LLM(model="smollm2-135m", speculative="mtp", num_draft_tokens=3, adaptive_k=False, tensor_parallel_size=2, **OPTIONS)
     try:
         assert [o.token_ids for o in mtp.generate(prompts, PARAMS)] == plain
         assert mtp.stats()["accepted_tokens"] > 0
@@ -71,5 +71,5 @@ def test_torchrun_ranks_generate_what_one_rank_does(engines):
     run = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port), "-m", "speculant.cli"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     two = subprocess.run([*run, *args], capture_output=True, text=True, env=env, timeout=300)
-    assert two.returncode == 0, two.stderr[-2000:]
+    assert two.returncode == 0, two.stderr[-8000:]  # the ranks' own lines come before the launcher's report
     assert two.stdout.strip() == one.text.strip() != ""

@@ -138,6 +138,20 @@ def _step_until_failure(engine) -> ExecutorFailed:
     raise AssertionError("the engine kept running without its worker")
 
 
+def test_close_stops_every_rank_in_order(target):
+    """close(): each worker closes its connections after STOP and says so before it exits; the
+    leader closes its own only then (gloo may abort a process tearing down its connections while
+    a peer closes)."""
+    llm = tiny_llm(target, tensor_parallel_size=2)
+    llm.generate(PROMPTS[:1], GREEDY)
+    workers = llm.engine.executor.workers
+    llm.close()
+    assert workers.store.check(["stopped/1"])
+    assert [p.exitcode for p in workers.processes] == [0]
+    with pytest.raises(ExecutorFailed, match="closed"):
+        llm.generate(PROMPTS[:1], GREEDY)
+
+
 def test_a_killed_worker_fails_the_leader_cleanly(target):
     with two_ranks(target, worker_timeout_s=30) as llm:
         engine = llm.engine

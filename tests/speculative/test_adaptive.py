@@ -7,8 +7,9 @@ import argparse
 import itertools
 
 import pytest
-from testkit import greedy_params, tiny_hf_model, tiny_llm
+from testkit import TinyCheckpoint, greedy_params, tiny_hf_model, tiny_llm
 
+from speculant import LLM
 from speculant.config_options import add_engine_arguments, engine_config_from_args
 from speculant.speculative.cost_model import KNOTS
 
@@ -58,7 +59,8 @@ def test_ngram_preemption_releases_tracker_state(target, plain_outputs):
 
 
 def test_adaptive_k_is_the_default(target):
-    assert tiny_llm(target, speculative="ngram").engine.proposer.adaptive is not None
+    llm = LLM(model="tiny", checkpoint=TinyCheckpoint(target), speculative="ngram", page_size=4, num_pages=64)
+    assert llm.engine.proposer.adaptive is not None
 
 
 def test_without_adaptive_k_every_request_gets_the_configured_k(target):

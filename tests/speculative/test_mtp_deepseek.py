@@ -34,7 +34,7 @@ def target(request):
 
 
 def _llm(ckpt: TinyCheckpoint, **options) -> LLM:
-    return LLM(model="tiny", checkpoint=ckpt, page_size=4, num_pages=256, **options)
+    return LLM(model="tiny", checkpoint=ckpt, page_size=4, num_pages=256, **{"adaptive_k": False, **options})
 
 
 def test_own_head_is_transformers_decoder_layer(target):
