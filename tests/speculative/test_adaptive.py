@@ -33,12 +33,12 @@ def test_draft_target_greedy_equals_plain(target, plain_outputs, batch_size):
     assert llm.stats()["kv_pages_used"] == 0
 
 
-def test_target_as_own_draft_stays_lossless_and_speculates(target, plain_outputs):
+def test_target_as_own_draft_stays_lossless_and_has_every_draft_accepted(target, plain_outputs):
     llm = tiny_llm(target, target, num_draft_tokens=3, adaptive_k=True)
     outs = llm.generate(PROMPTS, GREEDY)
     assert [o.token_ids for o in outs] == plain_outputs
     stats = llm.stats()
-    assert stats["acceptance_rate"] == 1.0  # whatever k was chosen, every draft was right
+    assert stats["accepted_tokens"] == stats["draft_tokens"]  # whatever k was chosen (0 too), every draft was right
     check_stats(stats, 3)
 
 
