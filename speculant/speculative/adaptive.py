@@ -62,6 +62,7 @@ class AdaptiveK:
         self._rest = 0  # decode steps left to take unplanned (every k 0)
         self._rows_run: set[int] = set()  # row counts (M) a decode step of this engine has run
         self.setup_s = MovingAverage(0.0)  # a first step's time at a row count over the fit's price (one-off set-up)
+        self.measured_context = 0  # the longest context per sequence the cost model has measured a step at
 
     def choose(
         self, requests: Sequence[Request], k_max: Sequence[int], keys: Sequence[Hashable] | None = None, backlog: Sequence[int] | None = None,
@@ -70,6 +71,8 @@ class AdaptiveK:
         backlog[b]: tokens the proposer must catch up before drafting for it."""
         keys = [None] * len(requests) if keys is None else keys
         context = sum(r.num_computed_tokens for r in requests)
+        if backlog is not None:
+            k_max = self._catch_up_after_measuring(requests, k_max, backlog)
         alphas = self.tracker.draws([(r.request_id, k, key, 0.0) for r, k, key in zip(requests, k_max, keys)])
         backlog, cost = backlog or [0] * len(requests), self.cost_of(context, len(requests))
         ks = choose_k(alphas, k_max, self._with_catch_up(cost, requests, alphas, k_max, backlog), MARGIN)
@@ -100,6 +103,16 @@ class AdaptiveK:
             return target(m) + first + draft(*self.draft_work(ks)) + (feed(1, fed) if fed else 0.0)
 
         return cost
+
+    def _catch_up_after_measuring(self, requests: Sequence[Request], k_max: Sequence[int], backlog: Sequence[int]) -> list[int]:
+        """No catch-up for a request longer than any context the cost model has measured a step
+        at (by more than CATCH_UP_MIN): its plain step there comes first. A catch-up is paid once
+        and priced against the steps it would speed up; priced from the calibration's longest
+        point (512 tokens), the qwen pair's plain step at a 1,307-token document was predicted at
+        476 ms where it took 180-200, so the catch-up looked cheap beside it and the answer ran at
+        0.90x of plain decoding. One plain step at that context corrects the fit."""
+        limit = self.measured_context + CATCH_UP_MIN
+        return [0 if n > CATCH_UP_MIN and r.num_computed_tokens > limit else k for r, k, n in zip(requests, k_max, backlog)]
 
     def _with_catch_up(
         self, cost: Callable, requests: Sequence[Request], alphas: list[list[float]], k_max: Sequence[int], backlog: Sequence[int],
@@ -183,6 +196,7 @@ class AdaptiveK:
         if self._context is None:
             return
         start = time.perf_counter()
+        self.measured_context = max(self.measured_context, max((r.num_computed_tokens for r in result.requests), default=0))
         offsets = result.row_offsets
         ks = [offsets[b + 1] - offsets[b] - 1 for b in range(len(result.requests))]
         accepted = result.accepted_counts if result.speculative else [0] * len(ks)

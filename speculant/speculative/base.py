@@ -83,6 +83,7 @@ class Proposer(ABC):
                 calibration.save_cached(key, samples)
         if samples:
             self.adaptive.cost = StepCostModel.calibrated(samples)
+            self.adaptive.measured_context = max(context // len(ks) for ks, context, _ in samples)
 
     def stats(self) -> dict:
         """The proposer's own figures for `LLM.stats()` (e.g. a tree's chosen size)."""

@@ -234,6 +234,32 @@ def test_a_backlog_is_caught_up_only_when_the_rest_of_the_answer_pays_for_it():
     assert k_for(max_tokens=8, backlog=10) == 3  # a short backlog counts as the feed
 
 
+def test_a_backlog_past_every_measured_context_waits_for_a_step_there():
+    """The catch-up is priced against steps at the request's context: beyond the longest the
+    cost model has measured (the calibration's, then every observed step's), its plain step
+    comes first; a short backlog (the feed) never waits."""
+    from types import SimpleNamespace
+
+    from speculant.speculative.adaptive import AdaptiveK
+
+    adaptive = AdaptiveK(lambda ks: (max(ks, default=0), sum(ks)))
+    adaptive.cost.theta[:] = 0.0
+    adaptive.cost.theta[: len(KNOTS)] = 0.1
+    adaptive.draft_cost.a, adaptive.catch_up_s.value, adaptive.measured_context = 0.01, 0.005, 512
+    for _ in range(50):
+        adaptive.tracker.record("r", 3, 3)
+    request = SimpleNamespace(request_id="r", num_computed_tokens=1300, params=SimpleNamespace(max_tokens=4000),
+                              output_token_ids=[1], finished=False)
+    assert adaptive.choose([request], [3], backlog=[1300]) == [0]  # 1,300 tokens: never measured
+    assert adaptive.choose([request], [3], backlog=[10]) == [3]  # a short backlog is the feed
+    adaptive.choose([request], [3], backlog=[1300])
+    plain_step = SimpleNamespace(requests=[request], row_offsets=[0, 1], speculative=False, accepted_counts=None)
+    adaptive.observe(plain_step, 0.1)  # its plain step at 1,300
+    assert adaptive.measured_context == 1300
+    request.num_computed_tokens = 1301
+    assert adaptive.choose([request], [3], backlog=[1301]) == [3]
+
+
 def test_planning_rests_while_it_drafts_nothing_in_proportion_to_its_cost():
     """After a plan that drafts nothing, as many unplanned plain steps follow as keep planning's
     time under PLAN_SHARE of one token's (a plain step over its sequences); a plan that is cheap
