@@ -42,7 +42,7 @@ def test_ngram_settings_reach_the_ngram_proposer():
     params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
     drafts = {}
     for n in (1, 64):
-        llm = tiny_llm(model, speculative="ngram", ngram_min_n=n, ngram_max_n=max(n, 4), adaptive_k=False)
+        llm = tiny_llm(model, speculative="ngram", ngram_min_n=n, ngram_max_n=max(n, 4))  # fixed k (tiny_llm)
         llm.generate(prompts, params)
         drafts[n] = llm.stats()["draft_tokens"]
     assert drafts[1] > 0 and drafts[64] == 0

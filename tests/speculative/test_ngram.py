@@ -61,7 +61,7 @@ def test_ngram_greedy_equals_plain():
     prompts = [[5, 6, 7, 5, 6, 7, 5, 6], list(range(10, 30)) * 2, [3], [8, 8, 8, 8, 8]]
     params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
     plain = tiny_llm(model).generate(prompts, params)
-    llm = tiny_llm(model, speculative="ngram", num_draft_tokens=4, adaptive_k=False)  # adaptive k: test_adaptive.py
+    llm = tiny_llm(model, speculative="ngram", num_draft_tokens=4)  # fixed k (tiny_llm); adaptive k: test_adaptive.py
     spec = llm.generate(prompts, params)
     assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
     assert llm.stats()["draft_tokens"] > 0
