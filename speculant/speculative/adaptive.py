@@ -31,7 +31,7 @@ import numpy as np
 
 from speculant.core import Request, StepResult
 from speculant.speculative.acceptance_tracker import AcceptanceTracker
-from speculant.speculative.cost_model import MovingAverage, StepCostModel, WorkCost, rows
+from speculant.speculative.cost_model import MovingAverage, StepCostModel, WorkCost
 from speculant.speculative.k_chooser import choose_k, expected_tokens_by_k
 
 PLAN_SHARE = 0.05  # while plans draft nothing, planning runs only as often as keeps its time under this share of a token's
@@ -60,8 +60,6 @@ class AdaptiveK:
         self.step_s = MovingAverage(0.0)  # seconds of a planned decode step
         self._plan_now = 0.0  # this step's planning seconds so far
         self._rest = 0  # decode steps left to take unplanned (every k 0)
-        self._rows_run: set[int] = set()  # row counts (M) a decode step of this engine has run
-        self.setup_s = MovingAverage(0.0)  # a first step's time at a row count over the fit's price (one-off set-up)
         self.measured_context = 0  # the longest context per sequence the cost model has measured a step at
 
     def choose(
@@ -94,13 +92,10 @@ class AdaptiveK:
     def cost_of(self, context: int, num_seqs: int) -> Callable[[Sequence[int]], float]:
         """Per-request k's of num_seqs sequences -> predicted seconds of this step (target and draft)."""
         target, draft, feed = self.cost.curve(context, num_seqs), self.draft_cost, self.feed_cost
-        run, setup = self._rows_run, self.setup_s.value
 
         def cost(ks: list[int]) -> float:
             fed = len(ks) - ks.count(0) if self.lazy_feed else len(ks)
-            m = sum(ks) + len(ks)
-            first = setup if m > len(ks) and m not in run else 0.0  # a row count not run yet pays its set-up
-            return target(m) + first + draft(*self.draft_work(ks)) + (feed(1, fed) if fed else 0.0)
+            return target(sum(ks) + len(ks)) + draft(*self.draft_work(ks)) + (feed(1, fed) if fed else 0.0)
 
         return cost
 
@@ -185,14 +180,12 @@ class AdaptiveK:
 
     def observe(self, result: StepResult, seconds: float) -> None:
         """A committed decode step took `seconds`: update acceptance and the target's cost fit.
-        A request with nothing on offer (no n-gram match) leaves its evidence as it is. The first
-        step at a row count this engine has not run is not fitted: it pays one-off set-up (at
-        batch 1 with a cached calibration, smollm2's first 9-row verify took 80 ms against 31
-        calibrated; the fit took it as a 44 ms overhead on every speculative step, and adaptive
-        n-gram stopped drafting for the rest of the answer). What it cost over the fit's price
-        is averaged apart (`setup_s`) and charged to any speculative step at a row count not run
-        yet: at batch 32 nearly every drafting step is at a new one (not fitted and not charged,
-        the qwen pair drafted there at 0.73x of plain)."""
+        A request with nothing on offer (no n-gram match) leaves its evidence as it is. Every
+        step is fitted, a slow one only so far (`StepCostModel.update`). A first step at a row
+        count not run before was once priced apart as one-off set-up and charged to every row
+        count not run yet; at batch 1 the charge (98 ms, the fit's error at two row counts) held
+        the qwen pair at k = 1 for 239 of 265 drafting steps, 0.83-0.87 of the best fixed k, and
+        was never revised, since no other row count ran."""
         if self._context is None:
             return
         start = time.perf_counter()
@@ -211,12 +204,7 @@ class AdaptiveK:
                 any_idle = True
         if any_idle:
             self.tracker.idle_step()
-        m, target_s = rows(ks), max(0.0, seconds - self._draft_s)
-        if m in self._rows_run:
-            self.cost.update(ks, self._context, target_s)
-        else:  # its first step pays one-off set-up (oneDNN's primitives for each weight at M rows): priced apart
-            self.setup_s.update(max(0.0, target_s - self.cost.predict(ks, self._context)))
-            self._rows_run.add(m)
+        self.cost.update(ks, self._context, max(0.0, seconds - self._draft_s))
         self._context = None
         self.plan_s.update(self._plan_now + time.perf_counter() - start)
         self.step_s.update(seconds)
