@@ -54,3 +54,11 @@ def test_report_marks_what_passes(tmp_path, capsys):
     main([str(tmp_path)])
     assert (tmp_path / "never_lose.png").stat().st_size > 1000
     assert capsys.readouterr().out.startswith("| method | category |")
+
+
+def test_a_batch_1_run_without_fixed_k_is_held_to_plain_decoding_only(tmp_path):
+    _write(tmp_path, "b1_long", [1], ["qa"], [_row("none", 1, "qa", 1.0), _row("draft:k=6", 1, "qa", 0.99)])
+    (row,) = [r for r in batch1_rows(load_runs(tmp_path)) if r["category"] == "qa"]
+    assert row["best_k"] is None and row["vs_best"] is None
+    assert "| draft | qa | 10.0 |  | **0.99x** (k ≤ 6) | 1.50 | ✓ | – | b1_long |" in markdown([row], [])
+    main([str(tmp_path)])
