@@ -55,7 +55,7 @@ def batch1_rows(runs: list[dict]) -> list[dict]:
                 cell["fixed"][k] = row["speedup"]
         for category, cell in by_cat.items():  # a run without fixed k's (more prompts of a few categories) has no best
             best_k = max(cell["fixed"], key=cell["fixed"].get) if cell["fixed"] else None
-            vs_best = cell["adaptive"] / cell["fixed"][best_k] if cell["fixed"] else None
+            vs_best = None if best_k is None else cell["adaptive"] / cell["fixed"][best_k]
             out.append({"run": run["name"], "category": category, **cell, "best_k": best_k, "vs_best": vs_best})
     return out
 
@@ -108,7 +108,7 @@ def plot(b1: list[dict], batched: list[dict], path: pathlib.Path) -> None:
     fig, axes = plt.subplots(1, len(families), figsize=(6 * len(families), 4), squeeze=False)
     for ax, family in zip(axes[0], families):
         cats = sorted({r["category"] for r in b1 + batched if r["family"] == family and r["category"] != "all"})
-        series = {"batch 1, best fixed k": {r["category"]: r["fixed"][r["best_k"]] for r in b1 if r["family"] == family and r["fixed"]},
+        series = {"batch 1, best fixed k": {r["category"]: r["fixed"][r["best_k"]] for r in b1 if r["family"] == family and r["best_k"] is not None},
                   "batch 1, adaptive": {r["category"]: r["adaptive"] for r in b1 if r["family"] == family}}
         for b in sorted({r["batch"] for r in batched if r["family"] == family}):
             series[f"batch {b}, adaptive"] = {r["category"]: r["ratio"] for r in batched if r["family"] == family and r["batch"] == b}
