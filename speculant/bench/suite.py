@@ -13,7 +13,7 @@ that emits n tokens at once counts n gaps of 1/n of its time each).
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -49,6 +49,7 @@ class MethodRun:
     accepted_by_position: list[int] = field(default_factory=list)
     proposed_by_position: list[int] = field(default_factory=list)
     steps: int = 0  # engine steps taken
+    chosen_k: Counter = field(default_factory=Counter)  # k -> requests given that k on a decode step (0: plain)
     host_stage_s: float = 0.0  # host scheduling/commit time of those steps (the engine's timeline)
     host_hidden_s: float = 0.0  # of which ran while the step worker ran forwards (overlap)
 
@@ -106,6 +107,7 @@ def _lockstep(methods: list[tuple[LLM, MethodRun]], chunk: list[Conversation], b
         run.accepted_by_position = _add(run.accepted_by_position, _sub(now.accepted, was.accepted))
         run.proposed_by_position = _add(run.proposed_by_position, _sub(now.proposed, was.proposed))
         run.steps += now.steps - was.steps
+        run.chosen_k += now.chosen_k - was.chosen_k
         run.host_stage_s += now.host_s - was.host_s
         run.host_hidden_s += now.hidden_s - was.hidden_s
 
@@ -116,13 +118,16 @@ class _Counters(NamedTuple):
     accepted: list[int]  # [slot] drafts accepted
     proposed: list[int]  # [slot] drafts proposed
     steps: int
+    chosen_k: Counter  # k -> requests given that k
     host_s: float  # host-stage seconds
     hidden_s: float  # of which overlapped the step worker
 
 
 def _counters(llm: LLM) -> _Counters:
     spec, timeline = llm.engine.stats.spec_stats, llm.engine.timeline
-    return _Counters(list(spec.accepted_by_position), list(spec.proposed_by_position), llm.engine.stats.steps, timeline.host_s, timeline.hidden_s)
+    stats = llm.engine.stats
+    return _Counters(list(spec.accepted_by_position), list(spec.proposed_by_position), stats.steps, Counter(stats.chosen_k),
+                     timeline.host_s, timeline.hidden_s)
 
 
 class _InFlight:

@@ -58,6 +58,9 @@ def test_every_method_batch_and_category_is_reported(tmp_path, tiny_checkpoint, 
             assert r["acceptance"] == 1.0  # the draft model is the target itself
     draft_all = [r for r in rows if r["method"] == "draft" and r["category"] == "all"]
     assert all(r["acceptance_by_position"] == [1.0] * 3 for r in draft_all)
+    assert all(r["chosen_k_histogram"].get("3", 0) > 0 and 0 < r["mean_k"] <= 3 for r in draft_all)  # k per request and step
+    none_all = [r for r in rows if r["method"] == "none" and r["category"] == "all"]
+    assert all(r["chosen_k_histogram"] == {} and r["mean_k"] is None for r in none_all)
     for name in ("speedup_by_category", "acceptance_by_position", "throughput_vs_batch"):
         assert (tmp_path / "out" / f"{name}.png").stat().st_size > 1000
     assert result["table"].startswith("| method | batch | category |")
