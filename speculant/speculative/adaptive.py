@@ -39,6 +39,7 @@ REST_MAX = 16  # unplanned steps in a row at most
 MARGIN = 0.05  # predicted gain over plain decoding needed to speculate (the model's typical error)
 CATCH_UP_MIN = 16  # a backlog past this many tokens is priced (a shorter one is part of the feed's cost)
 CATCH_UP_RISK = 2.0  # a catch-up is paid now and won back only if the answer runs to max_tokens and the estimates hold
+PLAIN_PROBE_EVERY = 32  # a plan that drafts, after this many fitted steps without a plain one, is taken plain (a cost probe)
 
 
 class AdaptiveK:
@@ -61,6 +62,8 @@ class AdaptiveK:
         self._plan_now = 0.0  # this step's planning seconds so far
         self._rest = 0  # decode steps left to take unplanned (every k 0)
         self.measured_context = 0  # the longest context per sequence the cost model has measured a step at
+        self._since_plain = 0  # fitted decode steps since the last plain one (the calibration counts as one)
+        self._resting_now = False  # the decode step being taken is unplanned (`resting`)
 
     def choose(
         self, requests: Sequence[Request], k_max: Sequence[int], keys: Sequence[Hashable] | None = None, backlog: Sequence[int] | None = None,
@@ -85,6 +88,8 @@ class AdaptiveK:
                 probe = choose_k(alphas, caps, self._with_catch_up(cost, requests, alphas, caps, backlog), MARGIN)
                 if probe[b] > ks[b]:  # a low draw is not taken: fewer drafts teach nothing the mean's choice does not
                     ks = probe
+        if any(ks) and self._since_plain >= PLAIN_PROBE_EVERY:
+            ks = [0] * len(ks)  # a cost probe (`observe`)
         self._context, self._draft_s = context, 0.0
         self._keys = {r.request_id: key for r, k, key in zip(requests, k_max, keys) if k > 0}
         return ks
@@ -134,11 +139,13 @@ class AdaptiveK:
         return with_catch_up
 
     def not_decoding(self) -> None:
-        self._context = None
+        self._context, self._resting_now = None, False
 
-    def resting(self) -> bool:
-        """Whether this decode step is taken unplanned, as a plain step: no lookups, no choice, and
-        nothing learnt from it. Planning costs host time on every step whatever it decides (at
+    def resting(self, context: int) -> bool:
+        """Whether this decode step (`context` tokens over its sequences) is taken unplanned, as a
+        plain step: no lookups, no choice, nothing learnt about acceptance; only its time is
+        fitted (`observe`: a plain step's cost then follows the machine and the context, where
+        most steps rest). Planning costs host time on every step whatever it decides (at
         batch 16 and 32 ~1-2% of a plain step: each request's lookup, the chooser, the fits).
         While plans draft nothing, what the next plan can win is about one token (a request's
         draft accepted), worth a plain step's time over its sequences; so plans run only as
@@ -150,7 +157,7 @@ class AdaptiveK:
         if self._rest <= 0:
             return False
         self._rest -= 1
-        self.not_decoding()
+        self._context, self._draft_s, self._resting_now = context, 0.0, True
         return True
 
     def record_plan_time(self, seconds: float) -> None:
@@ -185,13 +192,27 @@ class AdaptiveK:
         count not run before was once priced apart as one-off set-up and charged to every row
         count not run yet; at batch 1 the charge (98 ms, the fit's error at two row counts) held
         the qwen pair at k = 1 for 239 of 265 drafting steps, 0.83-0.87 of the best fixed k, and
-        was never revised, since no other row count ran."""
+        was never revised, since no other row count ran.
+
+        A fit that sees only drafting steps cannot tell what a plain step costs: every drafting
+        step at batch 16 verified 24 rows with the overhead on, so the 24-row knot and the
+        overhead moved as one, and the plain 16-row knot drifted up with the level they share
+        (adaptive n-gram on math at batch 16: plain steps priced at 80 ms where they took 68, a
+        step with 8 drafts 1 ms above one without, and 0.967x of plain decoding's throughput).
+        So after PLAIN_PROBE_EVERY fitted steps without a plain one, a plan that drafts is taken
+        plain instead (`choose`): at most one step's gain in 33 where drafting pays."""
         if self._context is None:
             return
         start = time.perf_counter()
         self.measured_context = max(self.measured_context, max((r.num_computed_tokens for r in result.requests), default=0))
         offsets = result.row_offsets
         ks = [offsets[b + 1] - offsets[b] - 1 for b in range(len(result.requests))]
+        self.cost.update(ks, self._context, max(0.0, seconds - self._draft_s))
+        self._since_plain = self._since_plain + 1 if any(ks) else 0
+        self._context = None
+        if self._resting_now:  # unplanned: its time is all it teaches
+            self._resting_now = False
+            return
         accepted = result.accepted_counts if result.speculative else [0] * len(ks)
         any_idle = False
         for r, k, a in zip(result.requests, ks, accepted):
@@ -204,8 +225,6 @@ class AdaptiveK:
                 any_idle = True
         if any_idle:
             self.tracker.idle_step()
-        self.cost.update(ks, self._context, max(0.0, seconds - self._draft_s))
-        self._context = None
         self.plan_s.update(self._plan_now + time.perf_counter() - start)
         self.step_s.update(seconds)
         token_s = self.step_s.value / max(1, len(ks))  # what one token of a plain step costs

@@ -269,7 +269,7 @@ def test_planning_rests_while_it_drafts_nothing_in_proportion_to_its_cost():
     from speculant.speculative.adaptive import PLAN_SHARE, AdaptiveK
 
     def planned_step(adaptive, ks, plan_s, step_s=0.05):
-        assert not adaptive.resting()
+        assert not adaptive.resting(20)
         requests = [SimpleNamespace(request_id=str(b), num_computed_tokens=10, finished=False) for b in range(len(ks))]
         adaptive._context = 20  # what `choose` leaves for a decode step
         adaptive.record_plan_time(plan_s)
@@ -277,7 +277,7 @@ def test_planning_rests_while_it_drafts_nothing_in_proportion_to_its_cost():
         result = SimpleNamespace(requests=requests, row_offsets=offsets, accepted_counts=[0] * len(ks), speculative=any(ks))
         adaptive.observe(result, step_s)
         rests = 0
-        while adaptive.resting():
+        while adaptive.resting(20):
             rests += 1
         return rests
 
@@ -308,3 +308,55 @@ def test_every_step_is_fitted_and_no_row_count_carries_a_set_up_charge():
     cost = adaptive.cost_of(20, 1)
     for k in (1, 3, 8):
         assert cost([k]) == pytest.approx(adaptive.cost.curve(20, 1)(k + 1))
+
+
+def _decode_step(adaptive, requests, ks, seconds, accepted=None):
+    """Commit a decode step of these k's to `adaptive` (what the engine reports after it)."""
+    from types import SimpleNamespace
+
+    offsets = list(itertools.accumulate((k + 1 for k in ks), initial=0))
+    accepted = list(ks) if accepted is None else accepted
+    adaptive.observe(SimpleNamespace(requests=requests, row_offsets=offsets, accepted_counts=accepted, speculative=any(ks)), seconds)
+
+
+def test_a_plan_that_keeps_drafting_takes_a_plain_step_every_so_often():
+    """A fit that sees only drafting steps cannot tell what a plain step costs (the drafting
+    steps' knot and the overhead move as one, the plain knot drifts with their shared level):
+    after PLAIN_PROBE_EVERY fitted steps without a plain one, a plan that drafts runs plain."""
+    from types import SimpleNamespace
+
+    from speculant.speculative.adaptive import PLAIN_PROBE_EVERY, AdaptiveK
+
+    adaptive = AdaptiveK(lambda ks: (0, 0))
+    requests = [SimpleNamespace(request_id=str(b), num_computed_tokens=10, finished=False) for b in range(2)]
+    chosen = []
+    for _ in range(3 * PLAIN_PROBE_EVERY + 3):
+        ks = adaptive.choose(requests, [4, 4])
+        chosen.append(ks)
+        _decode_step(adaptive, requests, ks, 0.010 + 0.001 * sum(ks))  # every draft accepted
+    plain = [i for i, ks in enumerate(chosen) if not any(ks)]
+    assert plain == [PLAIN_PROBE_EVERY, 2 * PLAIN_PROBE_EVERY + 1, 3 * PLAIN_PROBE_EVERY + 2]
+    assert all(ks == [4, 4] for i, ks in enumerate(chosen) if i not in plain)  # always right: the largest k
+
+
+def test_an_unplanned_plain_step_is_fitted_and_teaches_nothing_else():
+    """Rest steps (planning found nothing to draft lately) are plain steps whose time the cost
+    model fits, so a plain step's cost follows the machine and the context where most steps
+    rest; acceptance and planning's own costs learn nothing from them."""
+    from types import SimpleNamespace
+
+    from speculant.speculative.adaptive import AdaptiveK
+
+    adaptive = AdaptiveK(lambda ks: (0, 0))
+    requests = [SimpleNamespace(request_id=str(b), num_computed_tokens=100, finished=False) for b in range(16)]
+    adaptive.choose(requests, [0] * 16)
+    adaptive.record_plan_time(0.002)  # planning dear against a token: rests follow
+    _decode_step(adaptive, requests, [0] * 16, 0.050)
+    updates, tracker, step_s = adaptive.cost.num_updates, dict(adaptive.tracker._counts), adaptive.step_s.value
+    rests = 0
+    while adaptive.resting(1600):
+        _decode_step(adaptive, requests, [0] * 16, 0.080)  # the machine slowed down
+        rests += 1
+    assert rests > 0 and adaptive.cost.num_updates == updates + rests
+    assert adaptive.cost.predict([0] * 16, 1600) > 0.060  # followed the slower plain steps
+    assert adaptive.tracker._counts == tracker and adaptive.step_s.value == step_s
