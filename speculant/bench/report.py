@@ -8,6 +8,7 @@ import pathlib
 import numpy as np
 
 from speculant.bench.suite import ItemRun, MethodRun
+from speculant.engine.stats import mean_k
 
 ALL = "all"
 TABLE_COLUMNS = [
@@ -33,7 +34,7 @@ def summarize(runs: list[MethodRun], greedy: bool) -> list[dict]:
                 row["throughput_tok_s"] = row["output_tokens"] / run.wall_s if run.wall_s else 0.0
                 row["acceptance_by_position"] = _by_position(run)
                 row["chosen_k_histogram"] = {str(k): n for k, n in sorted(run.chosen_k.items())}  # k -> requests given it
-                row["mean_k"] = _mean_k(run.chosen_k)
+                row["mean_k"] = mean_k(run.chosen_k)
                 # host scheduling/commit time per engine step, and the part overlap hid behind forwards
                 row["host_ms_step"] = 1000 * run.host_stage_s / run.steps if run.steps else None
                 row["hidden_ms_step"] = 1000 * run.host_hidden_s / run.steps if run.steps else None
@@ -66,11 +67,6 @@ def _row(run: MethodRun, category: str, items: list[ItemRun]) -> dict:
 
 def _by_position(run: MethodRun) -> list[float]:
     return [a / p if p else 0.0 for a, p in zip(run.accepted_by_position, run.proposed_by_position)]
-
-
-def _mean_k(histogram) -> float | None:
-    n = sum(histogram.values())
-    return sum(k * c for k, c in histogram.items()) / n if n else None  # None: no decode step chose a k
 
 
 def _same_tokens(items: list[ItemRun], reference: list[ItemRun]) -> bool:

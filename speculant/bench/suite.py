@@ -124,8 +124,8 @@ class _Counters(NamedTuple):
 
 
 def _counters(llm: LLM) -> _Counters:
-    spec, timeline = llm.engine.stats.spec_stats, llm.engine.timeline
-    stats = llm.engine.stats
+    stats, timeline = llm.engine.stats, llm.engine.timeline
+    spec = stats.spec_stats
     return _Counters(list(spec.accepted_by_position), list(spec.proposed_by_position), stats.steps, Counter(stats.chosen_k),
                      timeline.host_s, timeline.hidden_s)
 

@@ -74,12 +74,13 @@ class EngineStats:
             "acceptance_rate": s.acceptance_rate,
             "acceptance_by_position": s.acceptance_by_position,
             "chosen_k_histogram": dict(sorted(self.chosen_k.items())),
-            "mean_chosen_k": _mean_k(self.chosen_k),
+            "mean_chosen_k": mean_k(self.chosen_k) or 0.0,
             # mean host reads per decode step, counted in strict sync mode only (else None)
             "host_reads_per_step": self.strict_decode_reads / self.strict_decode_steps if self.strict_decode_steps else None,
         }
 
 
-def _mean_k(histogram: Counter) -> float:
+def mean_k(histogram: Counter) -> float | None:
+    """Mean k of a k -> count histogram; None when it is empty (no decode step chose a k)."""
     n = sum(histogram.values())
-    return sum(k * c for k, c in histogram.items()) / n if n else 0.0
+    return sum(k * c for k, c in histogram.items()) / n if n else None

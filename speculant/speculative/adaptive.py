@@ -141,8 +141,8 @@ class AdaptiveK:
     def not_decoding(self) -> None:
         self._context, self._resting_now = None, False
 
-    def resting(self, context: int) -> bool:
-        """Whether this decode step (`context` tokens over its sequences) is taken unplanned, as a
+    def resting(self, requests: Sequence[Request]) -> bool:
+        """Whether this decode step of `requests` is taken unplanned, as a
         plain step: no lookups, no choice, nothing learnt about acceptance; only its time is
         fitted (`observe`: a plain step's cost then follows the machine and the context, where
         most steps rest). Planning costs host time on every step whatever it decides (at
@@ -157,7 +157,7 @@ class AdaptiveK:
         if self._rest <= 0:
             return False
         self._rest -= 1
-        self._context, self._draft_s, self._resting_now = context, 0.0, True
+        self._context, self._draft_s, self._resting_now = sum(r.num_computed_tokens for r in requests), 0.0, True
         return True
 
     def record_plan_time(self, seconds: float) -> None:

@@ -126,7 +126,7 @@ class Proposer(ABC):
             return False
         if self.adaptive is None:
             ks = [self.num_draft_tokens(r) for r in batch.requests]
-        elif self.adaptive.resting(sum(r.num_computed_tokens for r in batch.requests)):  # planning found nothing to draft lately: a plain step, unplanned
+        elif self.adaptive.resting(batch.requests):  # planning found nothing to draft lately: a plain step, unplanned
             ks = [0] * len(batch.requests)
         else:
             start = time.perf_counter()

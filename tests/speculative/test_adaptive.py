@@ -269,15 +269,15 @@ def test_planning_rests_while_it_drafts_nothing_in_proportion_to_its_cost():
     from speculant.speculative.adaptive import PLAN_SHARE, AdaptiveK
 
     def planned_step(adaptive, ks, plan_s, step_s=0.05):
-        assert not adaptive.resting(20)
         requests = [SimpleNamespace(request_id=str(b), num_computed_tokens=10, finished=False) for b in range(len(ks))]
+        assert not adaptive.resting(requests)
         adaptive._context = 20  # what `choose` leaves for a decode step
         adaptive.record_plan_time(plan_s)
         offsets = list(itertools.accumulate((k + 1 for k in ks), initial=0))
         result = SimpleNamespace(requests=requests, row_offsets=offsets, accepted_counts=[0] * len(ks), speculative=any(ks))
         adaptive.observe(result, step_s)
         rests = 0
-        while adaptive.resting(20):
+        while adaptive.resting(requests):
             rests += 1
         return rests
 
@@ -354,7 +354,7 @@ def test_an_unplanned_plain_step_is_fitted_and_teaches_nothing_else():
     _decode_step(adaptive, requests, [0] * 16, 0.050)
     updates, tracker, step_s = adaptive.cost.num_updates, dict(adaptive.tracker._counts), adaptive.step_s.value
     rests = 0
-    while adaptive.resting(1600):
+    while adaptive.resting(requests):  # 1,600 context tokens
         _decode_step(adaptive, requests, [0] * 16, 0.080)  # the machine slowed down
         rests += 1
     assert rests > 0 and adaptive.cost.num_updates == updates + rests
