@@ -194,6 +194,11 @@ class DraftModelConfig:
     weights: str | None = option(
         None, "the draft's linear weights, as --weights (None: the target's)", choices=_WEIGHT_MODES,
     )
+    window: int | None = option(
+        None,
+        "the draft reads only the first 4 prompt tokens and the last N (then every generated one): a long "
+        "prompt's draft prefill costs N tokens; drafts stay proposals the target verifies (None: the whole prompt)",
+    )
 
     def __post_init__(self) -> None:
         if self.sampling not in ("greedy", "sample"):
@@ -202,6 +207,8 @@ class DraftModelConfig:
             raise ValueError(f"draft_dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
         if self.weights is not None and self.weights not in _WEIGHT_MODES:
             raise ValueError(f"draft_weights must be one of {list(_WEIGHT_MODES)}, got {self.weights!r}")
+        if self.window is not None and self.window < 1:
+            raise ValueError(f"draft_window must be >= 1 (or None for the whole prompt), got {self.window}")
 
     def model_config(self, target: ModelConfig) -> ModelConfig:
         """The draft's ModelConfig: the target's (device, attention backend) with the draft's

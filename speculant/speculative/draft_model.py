@@ -21,6 +21,7 @@ from speculant.executor.plan import ForwardPlan, Forwards, ModelSpec
 from speculant.speculative.base import Proposer, ProposerContext, chain_work, choose_drafts
 
 DRAFT = "draft"  # the draft model's name in the executor
+SINKS = 4  # prompt tokens a windowed draft always reads (attention sinks)
 
 
 class DraftModelProposer(Proposer):
@@ -75,10 +76,39 @@ class DraftModelProposer(Proposer):
             yield from self.timed_feed(self._feed(feeds), len(feeds))
 
     def backlog(self, request: Request) -> int:
-        """Tokens to feed before drafting for the request (0: its carried logits are current)."""
+        """Tokens to feed before drafting for the request (0: its carried logits are current);
+        prompt tokens outside the draft's window are not fed, so not counted."""
         if self.computed.get(request.request_id) == request.num_tokens:
             return 0
-        return request.num_tokens - self._valid(request)
+        return self._visible(request, self._valid(request), request.num_tokens)
+
+    def _hidden(self, r: Request) -> tuple[int, int]:
+        """Request positions [lo, hi) the draft never reads: with `draft.window` = W, a prompt of
+        P > SINKS + W tokens hides [SINKS, P - W) (empty otherwise). The draft's K/V is compact:
+        position p >= hi sits in slot p - (hi - lo); RoPE keeps p, so the draft reads the sinks and
+        the window where a whole-prompt draft would see them."""
+        window, n = self.ctx.speculative.draft.window, r.num_prompt_tokens
+        if window is None or n <= SINKS + window:
+            return 0, 0
+        return SINKS, n - window
+
+    def _visible(self, r: Request, start: int, end: int) -> int:
+        lo, hi = self._hidden(r)
+        return end - start - max(0, min(end, hi) - max(start, lo))
+
+    def _input(self, r: Request, tokens: list[int], start: int) -> SeqInput | None:
+        """The draft's forward input for request tokens [start, start + len(tokens)), its hidden
+        positions left out (None: all hidden)."""
+        lo, hi = self._hidden(r)
+        table = self.pages.table(r.request_id)
+        if hi == lo:
+            return SeqInput(tokens, start, table)
+        end = start + len(tokens)
+        kept = [p for p in range(start, end) if not lo <= p < hi]
+        if not kept:
+            return None
+        slot = start if start <= lo else max(lo, start - (hi - lo))  # the draft's K/V length before them
+        return SeqInput([tokens[p - start] for p in kept], slot, table, positions=kept)
 
     def _valid(self, r: Request) -> int:
         """Draft KV that still holds: drafted KV past the last emitted token was rejected."""
@@ -93,10 +123,14 @@ class DraftModelProposer(Proposer):
         """One draft forward over each (request, new tokens, KV start); the logits [len(feeds), V]
         of each sequence's last token are carried. `input_ids` [T]: device tokens read instead of
         the feeds' (whose lengths still lay out the batch)."""
-        inputs = [SeqInput(tokens, start, self.pages.table(r.request_id)) for r, tokens, start in feeds]
-        logits = (yield ForwardPlan(DRAFT, inputs, input_ids=input_ids)).logits
-        for b, (r, tokens, start) in enumerate(feeds):
+        inputs = [self._input(r, tokens, start) for r, tokens, start in feeds]
+        fed = [(f, x) for f, x in zip(feeds, inputs) if x is not None]  # a chunk wholly outside a draft window runs nothing
+        for r, tokens, start in feeds:
             self.computed[r.request_id] = start + len(tokens)
+        if not fed:
+            return None
+        logits = (yield ForwardPlan(DRAFT, [x for _, x in fed], input_ids=input_ids)).logits
+        for b, ((r, _, _), _) in enumerate(fed):
             self.carried[r.request_id] = logits[b].clone()  # a view would keep all feed rows alive
         return logits
 
@@ -133,21 +167,29 @@ class DraftModelProposer(Proposer):
         return DraftProposal(token_ids=tokens, num_drafts=ks, draft_probs=probs)
 
     def _catch_up(self, behind: list[tuple[Request, list[int], int]]) -> Forwards[None]:
-        """Feed the backlogs in forwards of at most the token budget, a request's backlog split
-        into chunks in order (a request whose backlog fills a forward has its next chunk in the
-        next one), and tell adaptive k the time (it prices a long backlog per token)."""
+        """Feed the backlogs in forwards of at most the token budget (tokens the draft reads: a
+        draft window's hidden span rides along for free), a request's backlog split into chunks
+        in order (a request whose backlog fills a forward has its next chunk in the next one), and
+        tell adaptive k the time (it prices a long backlog per token)."""
         start, budget = time.perf_counter(), self.ctx.max_num_batched_tokens
         forwards: list[list[tuple[Request, list[int], int]]] = [[]]
+        used, fed = 0, 0
         for r, tokens, kv_start in behind:
-            for i in range(0, len(tokens), budget):
-                chunk = tokens[i : i + budget]
-                if sum(len(t) for _, t, _ in forwards[-1]) + len(chunk) > budget:
+            lo, hi = self._hidden(r)
+            end = kv_start + len(tokens)
+            read = [p for p in range(kv_start, end) if not lo <= p < hi]
+            cuts = [kv_start] + [read[i] + 1 for i in range(budget - 1, len(read) - 1, budget)] + [end]
+            for a, b in zip(cuts, cuts[1:]):
+                n = self._visible(r, a, b)
+                if used + n > budget:
                     forwards.append([])
-                forwards[-1].append((r, chunk, kv_start + i))
+                    used = 0
+                forwards[-1].append((r, tokens[a - kv_start : b - kv_start], a))
+                used, fed = used + n, fed + n
         for feeds in forwards:
             yield from self._feed(feeds)
         if self.adaptive is not None:
-            self.adaptive.record_catch_up(time.perf_counter() - start, sum(len(t) for _, t, _ in behind), len(behind))
+            self.adaptive.record_catch_up(time.perf_counter() - start, fed, len(behind))
 
     def _choose(self, logits: torch.Tensor, requests: list[Request], probs, rows: torch.Tensor, j: int) -> torch.Tensor:
         tokens, q = choose_drafts(logits, requests, probs is not None, self.ctx.generator, offset=j)

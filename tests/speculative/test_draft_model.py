@@ -96,6 +96,72 @@ def test_draft_kv_equals_fresh_prefill(target, weak_draft):
         torch.testing.assert_close(draft_kv.v[:, ours], fresh_kv.v[:, theirs], atol=1e-5, rtol=1e-5)
 
 
+LONG_PROMPTS = [list(range(10, 40)), list(range(100, 117)), [5, 6, 7, 8, 9], list(range(60, 81))]
+
+
+@pytest.mark.parametrize("batch_size", [1, 4])
+@pytest.mark.parametrize("budget", [8, 256])
+def test_a_draft_window_keeps_the_target_s_output(target, weak_draft, batch_size, budget):
+    """draft_window=6: the draft reads 4 sink tokens and the last 6 of each long prompt. Its
+    drafts change, the output does not; a small token budget prefills in chunks, some of them
+    wholly outside the window (the draft then runs nothing for them)."""
+    plain = tiny_llm(target, max_num_batched_tokens=budget).generate(LONG_PROMPTS[:batch_size], GREEDY)
+    llm = tiny_llm(target, weak_draft, num_draft_tokens=3, draft_window=6, max_num_batched_tokens=budget)
+    outs = llm.generate(LONG_PROMPTS[:batch_size], GREEDY)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
+    assert llm.stats()["draft_tokens"] > 0 and llm.stats()["kv_pages_used"] == 0
+
+
+def _windowed_kv_matches_fresh_prefill(llm, draft_hf, window: int) -> None:
+    """Every running request's draft K/V equals a fresh draft forward over its sinks and window
+    (at their own positions) and the tokens after them, in compact slots."""
+    engine = llm.engine
+    proposer, draft_kv = engine.proposer, engine.executor.runner(DRAFT).kv
+    fresh = Executor(build_runner(TinyCheckpoint(draft_hf), llm.config.model))
+    fresh.allocate_kv(64, engine.pages.page_size)
+    fresh_kv, table = fresh.runner(TARGET).kv, list(range(64))
+    for request in engine.scheduler.running:
+        n, p = proposer.computed[request.request_id], request.num_prompt_tokens
+        hidden = max(0, p - 4 - window)
+        positions = [i for i in range(n) if not 4 <= i < 4 + hidden]
+        tokens = [request.all_token_ids[i] for i in positions]
+        fresh.run(ForwardPlan(TARGET, [SeqInput(tokens, 0, table, positions=positions)]))
+        ours, theirs = draft_kv.slots(engine.pages.table(request.request_id), len(tokens)), fresh_kv.slots(table, len(tokens))
+        torch.testing.assert_close(draft_kv.k[:, ours], fresh_kv.k[:, theirs], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(draft_kv.v[:, ours], fresh_kv.v[:, theirs], atol=1e-5, rtol=1e-5)
+
+
+def test_a_windowed_draft_kv_equals_a_fresh_prefill_of_its_window(target, weak_draft):
+    llm = tiny_llm(target, weak_draft, num_draft_tokens=3, draft_window=6, max_num_batched_tokens=8)
+    for prompt in LONG_PROMPTS:
+        llm.engine.add_request(prompt, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
+    for _ in range(12):
+        llm.engine.step()
+    _windowed_kv_matches_fresh_prefill(llm, weak_draft, 6)
+
+
+def test_a_windowed_catch_up_feeds_only_the_window_in_budget_sized_forwards(target, weak_draft):
+    """The lazy catch-up (adaptive k's path) of a whole prompt: the forwards hold at most the
+    token budget of tokens the draft reads, the hidden span costs nothing, and the K/V is the
+    window's."""
+    llm = tiny_llm(target, weak_draft, num_draft_tokens=3, draft_window=9, max_num_batched_tokens=5)
+    engine = llm.engine
+    for prompt in LONG_PROMPTS[:2]:
+        engine.add_request(prompt, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
+    while any(r.is_prefill for r in engine.scheduler.running) or len(engine.scheduler.running) < 2:
+        engine.step()
+    proposer, runs = engine.proposer, []
+    for r in engine.scheduler.running:
+        proposer.release(r)
+    original = engine.executor.run
+    engine.executor.run = lambda plan: runs.append(sum(len(x.token_ids) for x in plan.inputs)) or original(plan)
+    behind = [f for r in engine.scheduler.running for f in proposer._lacking(r, r.num_tokens)]
+    engine.executor.drive(proposer._catch_up(behind))
+    assert max(runs) <= 5 and sum(runs) == sum(min(r.num_tokens, 4 + 9 + r.num_tokens - r.num_prompt_tokens) for r in engine.scheduler.running)
+    assert all(proposer.backlog(r) == 0 for r in engine.scheduler.running)
+    _windowed_kv_matches_fresh_prefill(llm, weak_draft, 9)
+
+
 def test_vocabulary_mismatch_is_a_clear_error(target):
     other = tiny_hf_model("llama", vocab_size=300)
     with pytest.raises(ValueError, match="vocabulary"):
