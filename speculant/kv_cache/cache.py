@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from speculant.config import ArchConfig
@@ -38,14 +39,26 @@ def kv_bytes_per_page(layout: CacheLayout, page_size: int, dtype: torch.dtype) -
     return layout.num_layers * page_size * layout.bytes_per_token_per_layer(dtype)
 
 
+def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero tensor. On the CPU its memory comes from calloc, whose large blocks are the kernel's
+    zero pages, committed only when first written: a K/V budget caps memory instead of taking it
+    all at start-up (torch.zeros writes every byte). Aligned to 64 bytes for vector loads."""
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = dtype.itemsize * int(np.prod(shape))
+    buf = np.zeros(nbytes + 64, dtype=np.uint8)
+    start = -buf.ctypes.data % 64
+    return torch.from_numpy(buf[start : start + nbytes]).view(dtype).view(shape)
+
+
 class KVCache:
     def __init__(self, layout: CacheLayout, num_pages: int, page_size: int, dtype: torch.dtype, device: torch.device) -> None:
         slots = num_pages * page_size
-        self.k = torch.zeros((layout.num_layers, slots, layout.kv_heads, layout.k_dim), dtype=dtype, device=device)  # [layers, slots, kv_heads, k_dim]
+        self.k = zeroed((layout.num_layers, slots, layout.kv_heads, layout.k_dim), dtype, device)  # [layers, slots, kv_heads, k_dim]
         if layout.values_in_keys:
             self.v = self.k[..., : layout.v_dim]  # a view: [layers, slots, kv_heads, v_dim]
         else:
-            self.v = torch.zeros((layout.num_layers, slots, layout.kv_heads, layout.v_dim), dtype=dtype, device=device)
+            self.v = zeroed((layout.num_layers, slots, layout.kv_heads, layout.v_dim), dtype, device)
         self.page_size = page_size
 
     def slots(self, page_table: list[int], length: int) -> list[int]:

@@ -1,5 +1,5 @@
-"""Measure process memory across engine construction and a full-batch speculative step, next to
-the engine's memory plan. Run in a fresh interpreter by test_memory.py; prints one JSON line.
+"""Measure process memory across engine construction, a full-batch speculative step and a full
+K/V cache, next to the engine's memory plan. Run in a fresh interpreter by test_memory.py; prints one JSON line.
 
 usage: memory_probe.py draft|ngram
 """
@@ -24,6 +24,7 @@ from speculant.config import (
     SpeculativeConfig,
 )
 from speculant.engine.engine import Engine
+from speculant.kv_cache.cache import KVCache
 from speculant.sampling.params import SamplingParams
 
 BATCH, K, PAGE = 16, 4, 16
@@ -98,6 +99,9 @@ def run(method: str) -> dict:
     reset_peak()
     engine = Engine(config(method), checkpoint=target, draft_checkpoint=draft)
     constructed = resident_bytes() - baseline
+    for cache in (obj for obj in gc.get_objects() if isinstance(obj, KVCache)):
+        cache.k.fill_(0.0)  # a full cache: on the CPU its pages are committed when first written
+        cache.v.fill_(0.0)
     for b in range(BATCH):
         engine.add_request([*range(50), 4000 + b], params(b, method))
     full_steps = 0

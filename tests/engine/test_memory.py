@@ -58,8 +58,8 @@ def _engine(config: EngineConfig) -> Engine:
 
 @pytest.mark.parametrize("method", ["draft", "ngram"])
 def test_plan_matches_measured_process_memory(method):
-    """Peak RSS growth across engine construction and full-batch speculative steps (sampled
-    rows with top-k/top-p/min-p, sampled drafts), in a fresh interpreter, is within 10% of the
+    """Peak RSS growth across engine construction, full-batch speculative steps (sampled
+    rows with top-k/top-p/min-p, sampled drafts) and a full K/V cache, in a fresh interpreter, is within 10% of the
     plan's total."""
     env = {
         **os.environ,

@@ -1,0 +1,33 @@
+import pathlib
+
+import pytest
+import torch
+
+from speculant.kv_cache.cache import CacheLayout, KVCache, zeroed
+
+
+def _resident_bytes() -> int:
+    return int(pathlib.Path("/proc/self/statm").read_text().split()[1]) * 4096
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_zeroed_is_an_aligned_writable_zero_tensor(dtype):
+    t = zeroed((3, 5, 2, 8), dtype, torch.device("cpu"))
+    assert t.shape == (3, 5, 2, 8) and t.dtype == dtype and t.is_contiguous()
+    assert t.data_ptr() % 64 == 0
+    assert not t.any()
+    t[1, 2] = 1.5
+    assert t.sum().item() == 1.5 * 16
+
+
+@pytest.mark.skipif(not pathlib.Path("/proc/self/statm").exists(), reason="reads Linux's /proc")
+def test_a_cpu_kv_cache_takes_memory_only_where_it_is_written():
+    layout = CacheLayout(num_layers=4, kv_heads=2, k_dim=128, v_dim=128)
+    before = _resident_bytes()
+    cache = KVCache(layout, num_pages=8192, page_size=16, dtype=torch.float32, device=torch.device("cpu"))  # 1 GiB of K and V
+    assert cache.k.numel() * 4 + cache.v.numel() * 4 == 1 << 30
+    assert _resident_bytes() - before < 64 << 20
+    cache.k[:, :8192] = 1.0  # 512 pages of K, 4 layers: 32 MiB
+    grown = _resident_bytes() - before
+    assert 32 << 20 <= grown < 96 << 20
+    assert not cache.v.any()
