@@ -245,6 +245,12 @@ def fit_head(hf_model, sequences: list[list[int]], variant: str = "normed", step
     return HeadCheckpoint(cfg, final)
 
 
+def resident_bytes() -> int:
+    """This process's resident memory (Linux /proc)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
 def greedy_params(max_tokens: int = 24):
     from speculant import SamplingParams
 

@@ -13,7 +13,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from testkit import TinyCheckpoint, tiny_hf_model
+from testkit import TinyCheckpoint, resident_bytes, tiny_hf_model
 
 from speculant.config import (
     CacheConfig,
@@ -24,7 +24,6 @@ from speculant.config import (
     SpeculativeConfig,
 )
 from speculant.engine.engine import Engine
-from speculant.kv_cache.cache import KVCache
 from speculant.sampling.params import SamplingParams
 
 BATCH, K, PAGE = 16, 4, 16
@@ -39,11 +38,6 @@ def checkpoint(**arch) -> TinyCheckpoint:
     ckpt = TinyCheckpoint(tiny_hf_model(**arch))
     ckpt.weights = {name: w.half() for name, w in ckpt.weights.items()}
     return ckpt
-
-
-def resident_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096
 
 
 def peak_resident_bytes() -> int:
@@ -99,9 +93,10 @@ def run(method: str) -> dict:
     reset_peak()
     engine = Engine(config(method), checkpoint=target, draft_checkpoint=draft)
     constructed = resident_bytes() - baseline
-    for cache in (obj for obj in gc.get_objects() if isinstance(obj, KVCache)):
-        cache.k.fill_(0.0)  # a full cache: on the CPU its pages are committed when first written
-        cache.v.fill_(0.0)
+    for name in engine.executor.model_names:  # a full cache: on the CPU pages are committed when first written
+        kv = engine.executor.runner(name).kv
+        kv.k.fill_(0.0)
+        kv.v.fill_(0.0)
     for b in range(BATCH):
         engine.add_request([*range(50), 4000 + b], params(b, method))
     full_steps = 0

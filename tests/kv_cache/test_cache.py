@@ -2,12 +2,9 @@ import pathlib
 
 import pytest
 import torch
+from testkit import resident_bytes
 
 from speculant.kv_cache.cache import CacheLayout, KVCache, zeroed
-
-
-def _resident_bytes() -> int:
-    return int(pathlib.Path("/proc/self/statm").read_text().split()[1]) * 4096
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -23,11 +20,11 @@ def test_zeroed_is_an_aligned_writable_zero_tensor(dtype):
 @pytest.mark.skipif(not pathlib.Path("/proc/self/statm").exists(), reason="reads Linux's /proc")
 def test_a_cpu_kv_cache_takes_memory_only_where_it_is_written():
     layout = CacheLayout(num_layers=4, kv_heads=2, k_dim=128, v_dim=128)
-    before = _resident_bytes()
+    before = resident_bytes()
     cache = KVCache(layout, num_pages=8192, page_size=16, dtype=torch.float32, device=torch.device("cpu"))  # 1 GiB of K and V
     assert cache.k.numel() * 4 + cache.v.numel() * 4 == 1 << 30
-    assert _resident_bytes() - before < 64 << 20
+    assert resident_bytes() - before < 64 << 20
     cache.k[:, :8192] = 1.0  # 512 pages of K, 4 layers: 32 MiB
-    grown = _resident_bytes() - before
+    grown = resident_bytes() - before
     assert 32 << 20 <= grown < 96 << 20
     assert not cache.v.any()
