@@ -2,9 +2,10 @@
 
 Rows are bucketed (1, 2-4, 5-16, 17-64, prefill: a verify of a few drafts is its own bucket, since
 on small weights the kernel that wins at 16 rows can lose by half at 2); for each weight shape and bucket every kernel the
-installed PyTorch offers is timed side by side and the fastest kept. Choices are cached in
+installed PyTorch offers is timed side by side and the fastest kept (for a half-precision weight,
+also widening it to float32 for the product). Choices are cached in
 `$SPECULANT_CACHE/linear_kernels.json` under a key of the CPU, thread count, torch version,
-dtype and shape, so a later start measures nothing. `SPECULANT_LINEAR_KERNEL=<name>` forces one
+dtype, candidate kernels and shape, so a later start measures nothing. `SPECULANT_LINEAR_KERNEL=<name>` forces one
 kernel for every bucket (tests use it for determinism); weights under `_MIN_TUNED_BYTES` skip
 the measurement and use "mm" (a few microseconds either way).
 """
@@ -62,13 +63,21 @@ def _onednn(x, w, packed, bias):
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
-KERNELS = {"mm": _mm, "rowsplit": _rowsplit, "linear": _linear, "onednn": _onednn}
+def _widen(x, w, packed, bias):
+    """A half-precision weight widened to float32 for the product (the output is float32): on a
+    CPU without bf16 dot products the half-precision GEMM of many rows is the slow one."""
+    return _mm(x.float(), w.float(), None, None if bias is None else bias.float())
+
+
+KERNELS = {"mm": _mm, "rowsplit": _rowsplit, "linear": _linear, "onednn": _onednn, "widen": _widen}
 
 
 def available(dtype: torch.dtype = torch.float32) -> list[str]:
     names = ["mm", "rowsplit", "linear"]
     if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
         names.append("onednn")
+    if dtype != torch.float32:
+        names.append("widen")
     return names
 
 
@@ -116,7 +125,7 @@ def time_kernels(weight: torch.Tensor, row_counts, names: list[str], repeats: in
     packed = torch.ops.mkldnn._reorder_linear_weight(weight, None) if "onednn" in names else None
     result = {}
     for rows in row_counts:
-        x = torch.randn(rows, weight.shape[1], dtype=weight.dtype)
+        x = torch.randn(rows, weight.shape[1]).to(weight.dtype)
         samples: dict[str, list[float]] = {n: [] for n in names}
         for _ in range(repeats + 1):  # the first round warms up
             for name in names:
@@ -148,7 +157,8 @@ def _flush_buffer() -> torch.Tensor:
 def _key(weight: torch.Tensor) -> str:
     cpu = cpu_name()
     shape = "x".join(map(str, weight.shape))
-    return f"{cpu}|{os.cpu_count()}|{torch.get_num_threads()}|{torch.__version__}|{weight.dtype}|{shape}"
+    names = ",".join(available(weight.dtype))  # a kernel added later is measured, not skipped
+    return f"{cpu}|{os.cpu_count()}|{torch.get_num_threads()}|{torch.__version__}|{weight.dtype}|{names}|{shape}"
 
 
 def cpu_name() -> str:

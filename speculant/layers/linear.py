@@ -13,8 +13,10 @@ Notes from the project's 2-core AVX2 machine (MKL, torch 2.13):
   path ~50x slower), so activations are rounded to bf16 for the product and the result widened.
   Each output row depends only on its own input row (tests/layers check this bit for bit), so
   a (k+1)-row verification computes what k+1 one-row decode steps would.
-- Without native bf16, half-precision dense weights are 2x faster for one row (half the bytes)
-  but slow for many, so from `_UPCAST_ROWS` rows a half-precision weight is widened for the product.
+- Half-precision dense weights read half the bytes; whether their product of many rows is fast
+  depends on the CPU (with AVX-512 bf16 dot products a 256-row bf16 product is ~6x faster than
+  widening the weight to fp32 for it; without them the widened product wins), so widening
+  ("widen") is one more kernel the per-bucket measurement chooses from.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ import torch
 from speculant.layers import autotune
 from speculant.layers.quant import GROUP, Int4Groups, Int8Rows, quantize_int4, quantize_int8
 
-_UPCAST_ROWS = 16
 WEIGHT_MODES = ("auto", "fp32", "bf16", "int8", "int4")
 
 
@@ -44,11 +45,9 @@ class DenseLinear:
         w = self.weight
         if x.device.type != "cpu":
             return torch.nn.functional.linear(x, w, self.bias)
-        if self.dtype != torch.float32 and x.shape[0] >= _UPCAST_ROWS:
-            bias = None if self.bias is None else self.bias.float()
-            return autotune.run("mm", x.float(), w.float(), None, bias).to(x.dtype)
         kernel = self.kernels[autotune.bucket(x.shape[0])]
-        return autotune.run(kernel, x.to(self.dtype), w, self.packed, self.bias).to(x.dtype)
+        operand = x if kernel == "widen" else x.to(self.dtype)  # widen: activations kept as they are
+        return autotune.run(kernel, operand, w, self.packed, self.bias).to(x.dtype)
 
 
 class Int4Linear:
@@ -112,6 +111,7 @@ def _dense(weight, dtype: torch.dtype) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [T, in], weight [out, in], bias [out] -> [T, out] through the row-split/GEMM kernels."""
+    """x [T, in], weight [out, in], bias [out] -> [T, out] in x's dtype through the row-split/GEMM
+    kernels, computed in the weight's dtype (a head's rows gathered from a bf16 lm_head)."""
     kernel = "rowsplit" if x.shape[0] == 1 else "mm"
-    return autotune.run(kernel, x, weight, None, bias)
+    return autotune.run(kernel, x.to(weight.dtype), weight, None, bias).to(x.dtype)

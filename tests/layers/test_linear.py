@@ -81,6 +81,27 @@ def test_buckets():
     assert [autotune.bucket(r) for r in rows] == ["1", "2-4", "2-4", "5-16", "5-16", "17-64", "17-64", "prefill"]
 
 
+@pytest.mark.parametrize("kernel", autotune.available(torch.bfloat16))
+def test_bf16_kernels_compute_the_bf16_product(kernel, monkeypatch):
+    """Every kernel a bf16 weight may get, "widen" included, through the layer object."""
+    monkeypatch.setenv("SPECULANT_LINEAR_KERNEL", kernel)
+    w, b = torch.randn(96, 64).bfloat16(), torch.randn(96).bfloat16()
+    layer = DenseLinear(w, b)
+    assert set(layer.kernels.values()) == {kernel}
+    for rows in ROWS:
+        x = torch.randn(rows, 64)
+        out = layer(x)
+        reference = F.linear(x, w.float(), b.float())
+        assert out.dtype == torch.float32 and out.shape == (rows, 96)
+        assert (out - reference).abs().max() <= 0.02 * reference.abs().max()
+
+
+def test_half_precision_weights_may_be_widened_and_fp32_ones_not():
+    assert "widen" in autotune.available(torch.bfloat16) and "widen" not in autotune.available()
+    choice = autotune.measure(torch.randn(64, 32).bfloat16(), ["mm", "widen"])
+    assert set(choice) == set(autotune.BUCKETS) and set(choice.values()) <= {"mm", "widen"}
+
+
 def test_bf16_dense_weight_with_fp32_activations():
     w, x = torch.randn(32, 64), torch.randn(3, 64)
     layer = make_linear(w, None, "bf16", torch.float32)
@@ -89,9 +110,13 @@ def test_bf16_dense_weight_with_fp32_activations():
     assert (layer(x) - reference).abs().max() <= 0.02 * reference.abs().max()
 
 
-def test_plain_function_equals_f_linear():
-    w, x = torch.randn(96, 64), torch.randn(1, 64)
+@pytest.mark.parametrize("rows", [1, 3])
+def test_plain_function_equals_f_linear(rows):
+    w, x = torch.randn(96, 64), torch.randn(rows, 64)
     torch.testing.assert_close(linear(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
+    out = linear(x, w.bfloat16())  # fp32 states, bf16 rows (a head over a bf16 lm_head)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, F.linear(x.bfloat16(), w.bfloat16()).float(), rtol=2e-2, atol=2e-2)
 
 
 @pytest.mark.parametrize("mode,cls", [("int4", Int4Linear), ("int8", Int8Linear)])

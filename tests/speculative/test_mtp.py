@@ -78,6 +78,17 @@ def test_reduced_vocabulary_head_stays_lossless(target, plain_outputs):
     assert llm.stats()["accepted_tokens"] > 0
 
 
+def test_reduced_vocabulary_head_over_bf16_target_weights(target, plain_outputs):
+    """The head's rows gathered from a bf16 lm_head score fp32 states (weights="bf16")."""
+    sequences = [p + o for p, o in zip(PROMPTS[::2], plain_outputs[::2])]
+    kept = torch.tensor(sorted({t for s in sequences for t in s}))
+    head = fit_head(target, sequences, steps=100, vocab_map=kept)
+    plain = [o.token_ids for o in tiny_llm(target, weights="bf16").generate(PROMPTS, GREEDY)]
+    llm = mtp_llm(target, head, num_draft_tokens=2, weights="bf16")
+    assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == plain
+    assert llm.stats()["accepted_tokens"] > 0
+
+
 def test_head_shares_the_targets_tensors(target, head):
     llm = mtp_llm(target, head)
     executor = llm.engine.executor
