@@ -34,6 +34,7 @@ class DenseLinear:
         """keep_weight=False: a layer's own weight (nobody else reads it) is let go when every
         bucket runs on the oneDNN packed copy, instead of holding the weight twice (on the
         qwen2.5-coder 1.5B target that is 4.6 GB of fp32 kept for nothing)."""
+        bias = None if bias is None else bias.to(weight.dtype)  # a native bf16 product takes a bf16 bias
         self.weight, self.bias = weight, bias  # [out, in], [out]; weight None: only the packed copy
         self.shape, self.dtype = weight.shape, weight.dtype
         self.kernels = autotune.kernels_for(weight)  # bucket -> kernel name

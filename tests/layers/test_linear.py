@@ -85,8 +85,9 @@ def test_buckets():
 def test_bf16_kernels_compute_the_bf16_product(kernel, monkeypatch):
     """Every kernel a bf16 weight may get, "widen" included, through the layer object."""
     monkeypatch.setenv("SPECULANT_LINEAR_KERNEL", kernel)
-    w, b = torch.randn(96, 64).bfloat16(), torch.randn(96).bfloat16()
-    layer = DenseLinear(w, b)
+    w, b = torch.randn(96, 64), torch.randn(96)  # an fp32 bias, as a checkpoint's qkv bias
+    layer = make_linear(w, b, "bf16", torch.float32)
+    w, b = w.bfloat16(), b.bfloat16()
     assert set(layer.kernels.values()) == {kernel}
     for rows in ROWS:
         x = torch.randn(rows, 64)
