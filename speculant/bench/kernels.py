@@ -7,7 +7,9 @@ Per model: its gate/up weight and the sum of one layer's four products (qkv, o, 
 Columns: `F.linear`; `speculant` (the dense layer with the kernel measured for each row bucket);
 the dense kernels it chooses from (`mm` = W @ x^T, `rowsplit` = one bmm batch of rows per thread,
 `onednn` = oneDNN inner product on a pre-packed weight, `mkl` = MKL packed GEMM packed for that
-row count); and the quantized layers (bf16 activations). All kernels take turns in every repeat
+row count); `bf16`, the dense layer over the weight rounded to bf16 (its kernel measured per
+bucket: native bf16 products or the weight widened to fp32); and the quantized layers (bf16
+activations). All kernels take turns in every repeat
 (interleaved), so load from other processes hits them alike, and each product starts with the
 weight evicted from the CPU caches, as in a forward; each cell is the median in ms, and
 a second table gives the minimum (on a shared machine, the figure preemption spoils least).
@@ -57,6 +59,8 @@ def kernels(w: torch.Tensor, rows: list[int]) -> dict[str, Callable[[int], Produ
     if hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight"):
         mkl = {m: torch.ops.mkl._mkl_reorder_linear_weight(w, m) for m in rows}
         columns["mkl"] = lambda m: lambda x: torch.ops.mkl._mkl_linear(x, mkl[m], w, None, m)
+    bf16 = DenseLinear(w.bfloat16())  # its kernels measured per bucket like fp32's, widening included
+    columns["bf16"] = lambda m: bf16
     columns["int8"] = lambda m: int8
     columns["int4"] = lambda m: int4
     return columns
@@ -98,6 +102,7 @@ def table_rows(times: dict[int, dict[str, float]]) -> list[dict]:
         row = {"rows": m, **cells}
         row["speculant/1-row"] = f"{cells['speculant'] / one['speculant']:.2f}x"
         row["best fp32/1-row"] = f"{min(v for k, v in cells.items() if k in DENSE) / best_one:.2f}x"
+        row["bf16/1-row"] = f"{cells['bf16'] / one['bf16']:.2f}x"
         rows.append(row)
     return rows
 
@@ -118,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
             for stat, times in timed.items():
                 print(f"\n{model}, {label} ({shape} fp32), ms per product, {stat} of {args.repeats}")
                 rows = table_rows(times)
-                columns = ["rows", *times[args.rows[0]], "speculant/1-row", "best fp32/1-row"]
+                columns = ["rows", *times[args.rows[0]], "speculant/1-row", "best fp32/1-row", "bf16/1-row"]
                 report["tables"][f"{model} {label} {stat}"] = {"rows": rows, "table": print_table(rows, columns)}
     report["choices"] = {k: v for k, v in autotune._memo.items()}
     report["command"] = "python -m speculant.bench.kernels " + " ".join(argv or [])
