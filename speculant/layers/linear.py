@@ -4,7 +4,7 @@
 bucket picked by `speculant.layers.autotune`), an `Int4Linear` or an `Int8Linear`; the model
 calls `layer(x)` and never looks at dtypes.
 
-Notes from the project's 2-core AVX2 machine (MKL, torch 2.13):
+Notes from the project's 2-core machine (AVX-512 with BF16 dot products, MKL, torch 2.13):
 - `F.linear` with few rows is several times slower than `(W @ x^T)^T`; for one row MKL's GEMV
   streams the weight on one core, so splitting the weight's rows into one batch per thread
   (`bmm`, "rowsplit") streams it on all cores; oneDNN's inner product on a pre-packed weight
