@@ -69,22 +69,24 @@ def test_head_overfit_on_a_sequence_predicts_it(target):
     assert llm.stats()["acceptance_rate"] == 1.0
 
 
-def test_reduced_vocabulary_head_stays_lossless(target, plain_outputs):
+@pytest.fixture(scope="module")
+def reduced_head(target, plain_outputs):
+    """A head whose vocabulary is the tokens of the sequences it is fitted on."""
     sequences = [p + o for p, o in zip(PROMPTS[::2], plain_outputs[::2])]
     kept = torch.tensor(sorted({t for s in sequences for t in s}))
-    head = fit_head(target, sequences, steps=100, vocab_map=kept)
-    llm = mtp_llm(target, head, num_draft_tokens=3)
+    return fit_head(target, sequences, steps=100, vocab_map=kept)
+
+
+def test_reduced_vocabulary_head_stays_lossless(target, reduced_head, plain_outputs):
+    llm = mtp_llm(target, reduced_head, num_draft_tokens=3)
     assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == plain_outputs
     assert llm.stats()["accepted_tokens"] > 0
 
 
-def test_reduced_vocabulary_head_over_bf16_target_weights(target, plain_outputs):
+def test_reduced_vocabulary_head_over_bf16_target_weights(target, reduced_head):
     """The head's rows gathered from a bf16 lm_head score fp32 states (weights="bf16")."""
-    sequences = [p + o for p, o in zip(PROMPTS[::2], plain_outputs[::2])]
-    kept = torch.tensor(sorted({t for s in sequences for t in s}))
-    head = fit_head(target, sequences, steps=100, vocab_map=kept)
     plain = [o.token_ids for o in tiny_llm(target, weights="bf16").generate(PROMPTS, GREEDY)]
-    llm = mtp_llm(target, head, num_draft_tokens=2, weights="bf16")
+    llm = mtp_llm(target, reduced_head, num_draft_tokens=2, weights="bf16")
     assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == plain
     assert llm.stats()["accepted_tokens"] > 0
 
