@@ -93,6 +93,10 @@ class BatchPlan:
             size += n
         return batches + [current] if current else batches
 
+    def in_order(self) -> list[list[int]]:
+        """Every sequence once, in the given order, packed as a step's batch is (evaluation)."""
+        return self._pack(list(range(len(self.refs))))
+
     def step(self, step: int) -> list[int]:
         """Sequence indices of optimizer step `step` (0-based)."""
         epoch = 0

@@ -42,6 +42,8 @@ _TRAIN_HELP = {
     "hidden_weight": "weight of the smooth-L1 regression of the head's output to the target's next hidden state",
     "seed": "head init and data order seed",
     "checkpoint_every": "steps between checkpoints",
+    "heldout": "conversations kept out of training; KL and top-1 agreement on them logged every checkpoint (val_* in train_log.csv)",
+    "init_layer": "start the head's decoder layer as a copy of the target's layer N (-1: random init)",
 }
 
 

@@ -11,6 +11,7 @@ import torch
 
 from speculant.config import ArchConfig
 from speculant.loader.head_file import HeadFileConfig, checkpoint_sha256, save_head
+from speculant.models.head import head_arch, head_weight_shapes
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,18 @@ class TargetTensors:
     arch: ArchConfig
     embed: torch.Tensor  # [vocab, H] requires_grad False
     lm_head: torch.Tensor  # [vocab, H] the embedding itself when tied
+    weights: Any = None  # the checkpoint's tensors by Hugging Face name (for `layer`)
+
+    def layer(self, index: int) -> dict[str, torch.Tensor]:
+        """The target's decoder layer `index` in fp32 under the head's names (`layer.*`):
+        a starting point for the head's block (`--init-layer`)."""
+        if not 0 <= index < self.arch.num_layers:
+            raise ValueError(f"init_layer: the target has layers 0..{self.arch.num_layers - 1}, got {index}")
+        if self.arch.mla is not None:
+            raise ValueError("init_layer: a DeepSeek-V3 target's MTP block is not shaped like its layers; start it from its own MTP weights")
+        prefix = f"model.layers.{index}."
+        names = [k for k in head_weight_shapes(head_arch(self.arch), "eagle") if k.startswith("layer.")]
+        return {name: _dense(self.weights, prefix + name.removeprefix("layer.")) for name in names}
 
 
 def target_tensors(checkpoint, name: str) -> TargetTensors:
@@ -29,7 +42,7 @@ def target_tensors(checkpoint, name: str) -> TargetTensors:
     embed = _dense(weights, "model.embed_tokens.weight")
     tied = checkpoint.arch.tie_word_embeddings or "lm_head.weight" not in weights
     lm_head = embed if tied else _dense(weights, "lm_head.weight")
-    return TargetTensors(name, sha256, checkpoint.arch, embed, lm_head)
+    return TargetTensors(name, sha256, checkpoint.arch, embed, lm_head, weights)
 
 
 def _dense(weights: dict, name: str) -> torch.Tensor:

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from speculant.models.head import HEAD_VARIANTS, init_head_weights
-from speculant.training.batches import BatchPlan, build_batch, sequence_refs, trained_entries
+from speculant.training.batches import BatchPlan, SeqRef, build_batch, sequence_refs, trained_entries
 from speculant.training.curves import CurveLog, plot_curves
 from speculant.training.hidden import load_counts, load_shards
 from speculant.training.objective import HeadObjective
@@ -47,6 +47,8 @@ class TrainOptions:
     hidden_weight: float = 0.1  # weight of the smooth-L1 regression to h_{i+1}
     seed: int = 0
     checkpoint_every: int = 100
+    heldout: int = 0  # conversations kept out of training, scored every checkpoint (val_* columns)
+    init_layer: int = -1  # copy the target's decoder layer N into the head's block; -1: random init
 
     def __post_init__(self) -> None:
         if self.variant not in HEAD_VARIANTS:
@@ -54,8 +56,11 @@ class TrainOptions:
         for name in ("unroll", "steps", "batch_tokens", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.draft_vocab < 0:
-            raise ValueError(f"draft_vocab must be >= 0, got {self.draft_vocab}")
+        for name in ("draft_vocab", "heldout"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.init_layer < -1:
+            raise ValueError(f"init_layer must be a layer index or -1 (random init), got {self.init_layer}")
 
 
 def lr_at(step: int, o: TrainOptions) -> float:
@@ -92,9 +97,12 @@ def train(
     rank, world = _dist()
     out_dir.mkdir(parents=True, exist_ok=True)
     _, shards = load_shards(hidden_dir)
-    refs = sequence_refs(shards)
+    refs, heldout = split_heldout(sequence_refs(shards), options.heldout, options.seed)
     vocab_map = reduced_vocab(load_counts(hidden_dir), options.draft_vocab)
-    weights = {k: v.to(device) for k, v in init_head_weights(target.arch, options.variant, options.seed).items()}
+    weights = init_head_weights(target.arch, options.variant, options.seed)
+    if options.init_layer >= 0:
+        weights |= target.layer(options.init_layer)
+    weights = {k: v.to(device) for k, v in weights.items()}
     model = HeadObjective(target.arch, options.variant, weights, target.embed.to(device), target.lm_head.to(device),
                           None if vocab_map is None else vocab_map.to(device), options.unroll, options.hidden_weight)
     optimizer = torch.optim.AdamW(model.parameters(), lr=options.lr, betas=(0.9, 0.95), weight_decay=options.weight_decay)
@@ -106,6 +114,9 @@ def train(
     end = options.steps if stop_after is None else min(options.steps, start + stop_after)
     for step in tqdm(range(start, end), initial=start, total=options.steps, desc="train", disable=not progress or rank):
         row = _train_step(runner, model, optimizer, shards, refs, plan, step, options, (rank, world, device))
+        if heldout and rank == 0:
+            due = (step + 1) % options.checkpoint_every == 0 or step + 1 == end
+            row |= evaluate(model, shards, heldout, options, device) if due else dict.fromkeys(_val_keys(options), "")
         if log is not None:
             log.append(row)
         if rank == 0 and ((step + 1) % options.checkpoint_every == 0 or step + 1 == end):
@@ -142,6 +153,32 @@ def _train_step(runner, model, optimizer, shards, refs, plan, step, options, whe
         n = max(totals[f"n_{s}"], 1.0)
         row |= {f"{m}_{s}": totals[f"{m}_{s}"] / n for m in ("ce", "kl", "acc", "reg")}
     return row
+
+
+def split_heldout(refs: list[SeqRef], count: int, seed: int) -> tuple[list[SeqRef], list[SeqRef]]:
+    """(training, held-out) sequences: `count` of them, drawn by `seed`, kept out of training."""
+    if count >= len(refs):
+        raise ValueError(f"heldout: {count} conversations held out of {len(refs)}; none would be left to train on")
+    order = torch.randperm(len(refs), generator=torch.Generator().manual_seed(seed + 1)).tolist()
+    chosen = set(order[:count])
+    return [r for i, r in enumerate(refs) if i not in chosen], [refs[i] for i in sorted(chosen)]
+
+
+def _val_keys(options: TrainOptions) -> list[str]:
+    return [f"val_{m}_{s}" for s in range(1, options.unroll + 1) for m in ("kl", "acc")]
+
+
+@torch.no_grad()
+def evaluate(model: HeadObjective, shards, refs: list[SeqRef], options: TrainOptions, device) -> dict[str, float]:
+    """KL(target || head) and top-1 agreement per unrolled position over held-out sequences."""
+    plan = BatchPlan(refs, options.batch_tokens, options.seed)
+    totals: dict[str, float] = {}
+    for indices in plan.in_order():
+        _, metrics = model(build_batch(shards, refs, indices, options.batch_tokens).to(device), 1)
+        for k, v in metrics.items():
+            totals[k] = totals.get(k, 0.0) + v
+    n = lambda s: max(totals.get(f"n_{s}", 0.0), 1.0)  # noqa: E731
+    return {f"val_{m}_{s}": totals.get(f"{m}_{s}", 0.0) / n(s) for s in range(1, options.unroll + 1) for m in ("kl", "acc")}
 
 
 def _global_metrics(metrics: dict[str, float], unroll: int, world: int) -> dict[str, float]:

@@ -24,7 +24,7 @@ from speculant.training.curves import read_curve
 from speculant.training.hidden import HiddenOptions, Sequence, load_shards, precompute
 from speculant.training.objective import _chain_mask
 from speculant.training.target import target_tensors
-from speculant.training.trainer import CURVE, TrainOptions, lr_at, reduced_vocab, train
+from speculant.training.trainer import CURVE, TrainOptions, lr_at, reduced_vocab, split_heldout, train
 
 FAST = TrainOptions(steps=6, batch_tokens=64, lr=3e-3, warmup_steps=2, checkpoint_every=2, draft_vocab=120, unroll=2)
 
@@ -194,3 +194,32 @@ def test_learning_rate_schedule_and_reduced_vocabulary():
     counts = torch.tensor([0, 5, 3, 5, 1, 9])
     assert reduced_vocab(counts, 3).tolist() == [1, 3, 5]  # ties go to the lower id
     assert reduced_vocab(counts, 0) is None and reduced_vocab(counts, 6) is None
+
+
+def test_heldout_conversations_are_scored_at_checkpoints_and_never_trained(tmp_path, hidden_dir, target):
+    _, shards = load_shards(hidden_dir)
+    refs = sequence_refs(shards)
+    kept, held = split_heldout(refs, 2, seed=0)
+    assert len(held) == 2 and len(kept) == len(refs) - 2 and not set(held) & set(kept)
+    assert split_heldout(refs, 2, seed=0) == (kept, held)
+    options = dataclasses.replace(FAST, heldout=2)
+    train(hidden_dir, tmp_path, target, options, progress=False)
+    rows = read_curve(tmp_path / CURVE)
+    scored = [int(r["step"]) for r in rows if r["val_acc_1"] != ""]
+    assert scored == [2, 4, 6]  # every checkpoint
+    assert all(0.0 <= float(r["val_acc_1"]) <= 1.0 and float(r["val_kl_1"]) >= 0.0 for r in rows if r["val_acc_1"])
+    with pytest.raises(ValueError, match="heldout"):
+        split_heldout(refs, len(refs), seed=0)
+
+
+def test_init_layer_starts_the_block_as_the_targets_layer(tmp_path, hidden_dir, target, checkpoint):
+    options = TrainOptions(steps=1, lr=0.0, warmup_steps=1, init_layer=1, draft_vocab=120)
+    train(hidden_dir, tmp_path, target, options, progress=False)
+    head = _head(tmp_path)
+    layer = target.layer(1)
+    assert layer and all(torch.equal(head[k], v) for k, v in layer.items())
+    assert torch.equal(layer["layer.mlp.down_proj.weight"], checkpoint.weights["model.layers.1.mlp.down_proj.weight"].float())
+    with pytest.raises(ValueError, match="init_layer"):
+        target.layer(target.arch.num_layers)
+    with pytest.raises(ValueError, match="init_layer"):
+        TrainOptions(init_layer=-2)
