@@ -99,10 +99,7 @@ def train(
     _, shards = load_shards(hidden_dir)
     refs, heldout = split_heldout(sequence_refs(shards), options.heldout, options.seed)
     vocab_map = reduced_vocab(load_counts(hidden_dir), options.draft_vocab)
-    weights = init_head_weights(target.arch, options.variant, options.seed)
-    if options.init_layer >= 0:
-        weights |= target.layer(options.init_layer)
-    weights = {k: v.to(device) for k, v in weights.items()}
+    weights = {k: v.to(device) for k, v in start_weights(target, options).items()}
     model = HeadObjective(target.arch, options.variant, weights, target.embed.to(device), target.lm_head.to(device),
                           None if vocab_map is None else vocab_map.to(device), options.unroll, options.hidden_weight)
     optimizer = torch.optim.AdamW(model.parameters(), lr=options.lr, betas=(0.9, 0.95), weight_decay=options.weight_decay)
@@ -153,6 +150,17 @@ def _train_step(runner, model, optimizer, shards, refs, plan, step, options, whe
         n = max(totals[f"n_{s}"], 1.0)
         row |= {f"{m}_{s}": totals[f"{m}_{s}"] / n for m in ("ce", "kl", "acc", "reg")}
     return row
+
+
+def start_weights(target: TargetTensors, options: TrainOptions) -> dict[str, torch.Tensor]:
+    """Fresh head weights; with `init_layer` the block is a copy of that target layer and eh_proj
+    starts as [I | I] / 2, so the block first reads the mean of the (normed) token embedding and
+    hidden state in the target's own residual basis, the basis the copied layer was trained on."""
+    weights = init_head_weights(target.arch, options.variant, options.seed)
+    if options.init_layer >= 0:
+        eye = torch.eye(target.arch.hidden_size)
+        weights |= target.layer(options.init_layer) | {"eh_proj.weight": torch.cat([eye, eye], dim=1) / 2}
+    return weights
 
 
 def split_heldout(refs: list[SeqRef], count: int, seed: int) -> tuple[list[SeqRef], list[SeqRef]]:

@@ -218,6 +218,8 @@ def test_init_layer_starts_the_block_as_the_targets_layer(tmp_path, hidden_dir, 
     head = _head(tmp_path)
     layer = target.layer(1)
     assert layer and all(torch.equal(head[k], v) for k, v in layer.items())
+    eye = torch.eye(target.arch.hidden_size)
+    assert torch.equal(head["eh_proj.weight"], torch.cat([eye, eye], dim=1) / 2)
     assert torch.equal(layer["layer.mlp.down_proj.weight"], checkpoint.weights["model.layers.1.mlp.down_proj.weight"].float())
     with pytest.raises(ValueError, match="init_layer"):
         target.layer(target.arch.num_layers)
