@@ -20,7 +20,13 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from speculant.models.head import HEAD_VARIANTS, init_head_weights
-from speculant.training.batches import BatchPlan, SeqRef, build_batch, sequence_refs, trained_entries
+from speculant.training.batches import (
+    BatchPlan,
+    SeqRef,
+    build_batch,
+    sequence_refs,
+    trained_entries,
+)
 from speculant.training.curves import CurveLog, plot_curves
 from speculant.training.hidden import load_counts, load_shards
 from speculant.training.objective import HeadObjective
@@ -172,7 +178,7 @@ def split_heldout(refs: list[SeqRef], count: int, seed: int) -> tuple[list[SeqRe
     return [r for i, r in enumerate(refs) if i not in chosen], [refs[i] for i in sorted(chosen)]
 
 
-def _val_keys(options: TrainOptions) -> list[str]:
+def _val_keys(options: TrainOptions) -> list[str]:  # the columns `evaluate` fills, in its order
     return [f"val_{m}_{s}" for s in range(1, options.unroll + 1) for m in ("kl", "acc")]
 
 
@@ -185,8 +191,11 @@ def evaluate(model: HeadObjective, shards, refs: list[SeqRef], options: TrainOpt
         _, metrics = model(build_batch(shards, refs, indices, options.batch_tokens).to(device), 1)
         for k, v in metrics.items():
             totals[k] = totals.get(k, 0.0) + v
-    n = lambda s: max(totals.get(f"n_{s}", 0.0), 1.0)  # noqa: E731
-    return {f"val_{m}_{s}": totals.get(f"{m}_{s}", 0.0) / n(s) for s in range(1, options.unroll + 1) for m in ("kl", "acc")}
+    out = {}
+    for s in range(1, options.unroll + 1):
+        n = max(totals.get(f"n_{s}", 0.0), 1.0)
+        out |= {f"val_{m}_{s}": totals.get(f"{m}_{s}", 0.0) / n for m in ("kl", "acc")}
+    return out
 
 
 def _global_metrics(metrics: dict[str, float], unroll: int, world: int) -> dict[str, float]:

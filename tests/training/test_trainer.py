@@ -24,7 +24,14 @@ from speculant.training.curves import read_curve
 from speculant.training.hidden import HiddenOptions, Sequence, load_shards, precompute
 from speculant.training.objective import _chain_mask
 from speculant.training.target import target_tensors
-from speculant.training.trainer import CURVE, TrainOptions, lr_at, reduced_vocab, split_heldout, train
+from speculant.training.trainer import (
+    CURVE,
+    TrainOptions,
+    lr_at,
+    reduced_vocab,
+    split_heldout,
+    train,
+)
 
 FAST = TrainOptions(steps=6, batch_tokens=64, lr=3e-3, warmup_steps=2, checkpoint_every=2, draft_vocab=120, unroll=2)
 
