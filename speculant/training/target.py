@@ -1,5 +1,6 @@
 """What head training takes from the target: its frozen embedding and lm_head (the checkpoint's own
-tensors), its architecture, and its identity (name + sha256) recorded in the head file."""
+tensors), its architecture, its identity (name + sha256) recorded in the head file, and on request
+one of its decoder layers as the head block's starting weights (`--init-layer`)."""
 
 from __future__ import annotations
 
