@@ -119,7 +119,7 @@ def train(
         row = _train_step(runner, model, optimizer, shards, refs, plan, step, options, (rank, world, device))
         if heldout and rank == 0:
             due = (step + 1) % options.checkpoint_every == 0 or step + 1 == end
-            row |= evaluate(model, shards, heldout, options, device) if due else dict.fromkeys(_val_keys(options), "")
+            row |= evaluate(model, shards, heldout, options, device) if due else dict.fromkeys(_val_keys(options.unroll), "")
         if log is not None:
             log.append(row)
         if rank == 0 and ((step + 1) % options.checkpoint_every == 0 or step + 1 == end):
@@ -152,10 +152,16 @@ def _train_step(runner, model, optimizer, shards, refs, plan, step, options, whe
     summed = sum(totals[f"ce_{s}"] + options.hidden_weight * totals[f"reg_{s}"] for s in range(1, options.unroll + 1))
     row = {"step": step + 1, "epoch": plan.epoch_of(step), "lr": lr, "loss": summed / max(num_global, 1),
            "grad_norm": grad_norm, "entries": entries, "seconds": time.perf_counter() - began}
-    for s in range(1, options.unroll + 1):
-        n = max(totals[f"n_{s}"], 1.0)
-        row |= {f"{m}_{s}": totals[f"{m}_{s}"] / n for m in ("ce", "kl", "acc", "reg")}
-    return row
+    return row | per_entry(totals, options.unroll, ("ce", "kl", "acc", "reg"))
+
+
+def per_entry(totals: dict[str, float], unroll: int, metrics: tuple[str, ...], prefix: str = "") -> dict[str, float]:
+    """Summed metrics (`{m}_{s}`, with entry counts `n_{s}`) as means per trained entry, by unroll step."""
+    out = {}
+    for s in range(1, unroll + 1):
+        n = max(totals.get(f"n_{s}", 0.0), 1.0)
+        out |= {f"{prefix}{m}_{s}": totals.get(f"{m}_{s}", 0.0) / n for m in metrics}
+    return out
 
 
 def start_weights(target: TargetTensors, options: TrainOptions) -> dict[str, torch.Tensor]:
@@ -171,6 +177,8 @@ def start_weights(target: TargetTensors, options: TrainOptions) -> dict[str, tor
 
 def split_heldout(refs: list[SeqRef], count: int, seed: int) -> tuple[list[SeqRef], list[SeqRef]]:
     """(training, held-out) sequences: `count` of them, drawn by `seed`, kept out of training."""
+    if count == 0:
+        return refs, []
     if count >= len(refs):
         raise ValueError(f"heldout: {count} conversations held out of {len(refs)}; none would be left to train on")
     order = torch.randperm(len(refs), generator=torch.Generator().manual_seed(seed + 1)).tolist()
@@ -178,8 +186,11 @@ def split_heldout(refs: list[SeqRef], count: int, seed: int) -> tuple[list[SeqRe
     return [r for i, r in enumerate(refs) if i not in chosen], [refs[i] for i in sorted(chosen)]
 
 
-def _val_keys(options: TrainOptions) -> list[str]:  # the columns `evaluate` fills, in its order
-    return [f"val_{m}_{s}" for s in range(1, options.unroll + 1) for m in ("kl", "acc")]
+_VAL_METRICS = ("kl", "acc")
+
+
+def _val_keys(unroll: int) -> list[str]:  # the columns `evaluate` fills, in its order
+    return list(per_entry({}, unroll, _VAL_METRICS, "val_"))
 
 
 @torch.no_grad()
@@ -191,11 +202,7 @@ def evaluate(model: HeadObjective, shards, refs: list[SeqRef], options: TrainOpt
         _, metrics = model(build_batch(shards, refs, indices, options.batch_tokens).to(device), 1)
         for k, v in metrics.items():
             totals[k] = totals.get(k, 0.0) + v
-    out = {}
-    for s in range(1, options.unroll + 1):
-        n = max(totals.get(f"n_{s}", 0.0), 1.0)
-        out |= {f"val_{m}_{s}": totals.get(f"{m}_{s}", 0.0) / n for m in ("kl", "acc")}
-    return out
+    return per_entry(totals, options.unroll, _VAL_METRICS, "val_")
 
 
 def _global_metrics(metrics: dict[str, float], unroll: int, world: int) -> dict[str, float]:
