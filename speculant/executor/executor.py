@@ -106,10 +106,8 @@ class Executor:
 
     def move_kv(self, model: str, src_slots, dst_slots) -> None:
         """Copy a model's K/V at cache slots `src_slots` [M] to `dst_slots` [M] (device int64),
-        every layer; all sources are read before any destination is written."""
-        kv = self._runner(model).kv
-        for cache in (kv.k, kv.v):  # [layers, slots, kv_heads, head_dim]
-            cache.index_copy_(1, dst_slots, cache.index_select(1, src_slots))
+        every layer; all sources are read before any destination is written (`KVCache.move`)."""
+        self._runner(model).kv.move(src_slots, dst_slots)
 
     # ---- forwards ---------------------------------------------------------------------------------
 

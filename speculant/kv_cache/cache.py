@@ -59,7 +59,17 @@ class KVCache:
             self.v = self.k[..., : layout.v_dim]  # a view: [layers, slots, kv_heads, v_dim]
         else:
             self.v = zeroed((layout.num_layers, slots, layout.kv_heads, layout.v_dim), dtype, device)
+        self._storages = (self.k,) if layout.values_in_keys else (self.k, self.v)  # each buffer once
         self.page_size = page_size
+
+    def move(self, src_slots: torch.Tensor, dst_slots: torch.Tensor) -> None:  # [M] int64 each, on the cache's device
+        """Copy the rows at `src_slots` to `dst_slots` (distinct), every layer, as if every source
+        were read before any destination is written: sources and destinations may overlap (tree
+        compaction moves a row onto a slot another row is read from). Each buffer is copied once,
+        so V stored inside K (MLA) is not copied again from rows already moved."""
+        for storage in self._storages:  # [layers, slots, kv_heads, dim]
+            rows = storage.index_select(1, src_slots)  # a gathered copy: [layers, M, kv_heads, dim]
+            storage.index_copy_(1, dst_slots, rows)
 
     def slots(self, page_table: list[int], length: int) -> list[int]:
         """Cache slots of a sequence's first `length` tokens (used by tests and debugging)."""

@@ -39,3 +39,23 @@ def test_a_cpu_kv_cache_takes_memory_only_where_it_is_written(no_gc):
     grown = resident_bytes() - before
     assert 32 << 20 <= grown < 96 << 20
     assert not cache.v.any()
+
+
+@pytest.mark.parametrize("values_in_keys", [True, False], ids=["mla", "k_and_v"])
+def test_move_reads_every_source_before_writing_and_copies_each_storage_once(values_in_keys):
+    """Overlapping moves, as tree compaction makes them (slot 2's row to slot 1 while slot 2
+    takes slot 5's): the result is the gather of the old rows, for K and for V, also where V is
+    a view of K's first columns (MLA's latent)."""
+    layout = CacheLayout(num_layers=2, kv_heads=1 if values_in_keys else 2, k_dim=12, v_dim=8, values_in_keys=values_in_keys)
+    cache = KVCache(layout, num_pages=4, page_size=4, dtype=torch.float32, device=torch.device("cpu"))
+    cache.k.copy_(torch.randn(cache.k.shape))
+    if not values_in_keys:
+        cache.v.copy_(torch.randn(cache.v.shape))
+    src, dst = torch.tensor([2, 5, 3, 9, 4]), torch.tensor([1, 2, 3, 5, 9])
+    expected_k, expected_v = cache.k.clone(), cache.v.clone()
+    expected_k[:, dst], expected_v[:, dst] = cache.k[:, src], cache.v[:, src]
+    cache.move(src, dst)
+    torch.testing.assert_close(cache.k, expected_k, rtol=0, atol=0)
+    torch.testing.assert_close(cache.v, expected_v, rtol=0, atol=0)
+    if values_in_keys:
+        assert cache.v.data_ptr() == cache.k.data_ptr()  # still the view
