@@ -1,5 +1,6 @@
 """Tree acceptance: the greedy longest path, and multi-candidate speculative sampling that
-reproduces the target's law (V = 16, exact laws known), for siblings chosen deterministically or
+reproduces the target's law (V = 16, exact laws known) for the first token, the next after an
+accepted draft and the bonus after an accepted leaf, for siblings chosen deterministically or
 drawn without replacement; removing either sibling update breaks it, and the test sees that."""
 
 from __future__ import annotations
@@ -57,22 +58,26 @@ def test_sampling_with_one_hot_target_is_greedy():
 
 
 def laws(seed: int, params: SamplingParams):
-    """Target laws at the root [V] and after each first token [V, V]; draft laws likewise
-    (correlated with the target's, as a draft's are)."""
+    """Target laws at the root [V], after each first token [V, V] and after each first two
+    [V, V, V]; draft laws at the first two levels likewise (correlated with the target's, as a
+    draft's are)."""
     g = torch.Generator().manual_seed(seed)
     target1, target2 = torch.randn(VOCAB, generator=g) * 2, torch.randn(VOCAB, VOCAB, generator=g) * 2
     draft1 = target1 + torch.randn(VOCAB, generator=g) * 1.5
     draft2 = target2 + torch.randn(VOCAB, VOCAB, generator=g) * 1.5
+    target3 = torch.randn(VOCAB * VOCAB, VOCAB, generator=g) * 2
     st = lambda n: SamplingTensors.from_params([params] * n)  # noqa: E731
     return (processed_probs(target1[None], st(1))[0], processed_probs(target2, st(VOCAB)),
+            processed_probs(target3, st(VOCAB * VOCAB)).view(VOCAB, VOCAB, VOCAB),
             processed_probs(draft1[None], st(1))[0], processed_probs(draft2, st(VOCAB)))
 
 
 def run_trees(params: SamplingParams, siblings: int, drafts: str, seed: int = 0, q_update: bool = True):
     """ROWS * ROUNDS depth-2 trees: `siblings` children at the root, each with `siblings` children.
     drafts="sample": drawn without replacement from the draft; "top": its best tokens (one-hot q).
-    Returns [N, 2] emitted tokens (-1 where only one) and the first token's law and x2's law."""
-    p1, p2, q1, q2 = laws(seed, params)
+    Returns [N, 3] emitted tokens (-1 past the last) and the laws of x1, of x2 given x1 and of
+    x3 given x1 x2 (x3 is the bonus after an accepted leaf)."""
+    p1, p2, p3, q1, q2 = laws(seed, params)
     g = torch.Generator().manual_seed(seed + 100)
     parents = list([-1] * siblings) + [i for i in range(siblings) for _ in range(siblings)]
     out = []
@@ -89,19 +94,25 @@ def run_trees(params: SamplingParams, siblings: int, drafts: str, seed: int = 0,
             law2 = tree.sibling_draft_probs(flat_q2, second.reshape(-1, siblings)) if q_update else flat_q2[:, None].expand(-1, siblings, -1)
             q = torch.cat([law1, law2.reshape(ROWS, siblings * siblings, VOCAB)], 1)
         tokens = torch.cat([first, second.reshape(ROWS, -1)], 1)
-        target = torch.cat([p1.expand(ROWS, 1, -1), p2[first], torch.zeros(ROWS, siblings * siblings, VOCAB)], 1)
+        leaves = p3[first[:, :, None], second].reshape(ROWS, siblings * siblings, VOCAB)
+        target = torch.cat([p1.expand(ROWS, 1, -1), p2[first], leaves], 1)
         result = accept_tree(tokens, [parents] * ROWS, q, target, default_generator=g)
-        out.append(result.token_ids[:, :2])
-    return torch.cat(out), p1, p2
+        out.append(result.token_ids)
+    return torch.cat(out), p1, p2, p3
 
 
 def p_values(params, siblings, drafts, **kw) -> dict[str, float]:
-    x, p1, p2 = run_trees(params, siblings, drafts, **kw)
+    x, p1, p2, p3 = run_trees(params, siblings, drafts, **kw)
     out = {"x1": chi_square_pvalue(x[:, 0], p1)}
     second = x[:, 1] >= 0  # the first token was an accepted draft, the second the target's next
     pairs = x[second]
     expected = torch.zeros(VOCAB, VOCAB).index_add_(0, pairs[:, 0], p2[pairs[:, 0]]) / len(pairs)
     out["x2|x1"] = chi_square_pvalue(pairs[:, 0] * VOCAB + pairs[:, 1], expected.reshape(-1))
+    triples = x[x[:, 2] >= 0]  # a leaf was accepted: x3 is the bonus, drawn from the target's law there
+    if len(triples):  # none where top-p excludes the one leaf of a top-1 chain
+        context = triples[:, 0] * VOCAB + triples[:, 1]
+        expected = torch.zeros(VOCAB * VOCAB, VOCAB).index_add_(0, context, p3.view(-1, VOCAB)[context]) / len(triples)
+        out["x3|x1x2"] = chi_square_pvalue(context * VOCAB + triples[:, 2], expected.reshape(-1))
     return out
 
 

@@ -1,5 +1,6 @@
 """MTP speculation with a draft head: lossless under greedy decoding for any batch and k, the
-head's alignment (shift by one), and no host read between the verify forward and the head run."""
+head's alignment (shift by one), its carried logits after a partial accept equal to a fresh
+prefill's, and no host read between the verify forward and the head run."""
 
 from __future__ import annotations
 
@@ -89,6 +90,30 @@ def test_reduced_vocabulary_head_over_bf16_target_weights(target, reduced_head):
     llm = mtp_llm(target, reduced_head, num_draft_tokens=2, weights="bf16")
     assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == plain
     assert llm.stats()["accepted_tokens"] > 0
+
+
+def test_carried_head_logits_after_a_partial_accept_equal_a_fresh_prefill(target, head):
+    """After a step that accepts some drafts but not all, the head's carried logits and state
+    (its entry at the last accepted row, not the last verified one) are those a fresh prefill of
+    the sequence leaves it."""
+    llm = mtp_llm(target, head, num_draft_tokens=3)
+    engine, spec = llm.engine, llm.engine.stats.spec_stats
+    request = engine.add_request(PROMPTS[0], GREEDY)  # a prompt the head was fitted on: most drafts accepted
+    engine.step()  # prefill
+    for _ in range(GREEDY.max_tokens // 2):
+        accepted, drafted = spec.accepted_tokens, spec.draft_tokens
+        engine.step()
+        if 0 < spec.accepted_tokens - accepted < spec.draft_tokens - drafted:
+            break
+    else:
+        pytest.fail("no step accepted only some of its drafts")
+    fresh = mtp_llm(target, head, num_draft_tokens=3).engine
+    again = fresh.add_request(request.all_token_ids[:-1], GREEDY)
+    fresh.step()
+    assert again.output_token_ids == [request.all_token_ids[-1]]
+    mine, theirs = engine.proposer, fresh.proposer
+    assert torch.allclose(mine.carried[request.request_id], theirs.carried[again.request_id], atol=1e-4)
+    assert torch.allclose(mine.state[request.request_id], theirs.state[again.request_id], atol=1e-4)
 
 
 def test_head_shares_the_targets_tensors(target, head):

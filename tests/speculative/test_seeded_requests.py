@@ -1,13 +1,14 @@
 """A seeded sampling request is reproducible under speculation: its tokens are the same alone
 and inside a batch of unseeded requests, in an engine with another engine seed (so nothing of
 it may come from the engine's generator or depend on its neighbours), for draft-target with
-sampled and greedy drafts, and for n-gram (its cross-request store on); and they are its plain
-decoding tokens, whatever k (adaptive included)."""
+sampled and greedy drafts, n-gram (its cross-request store on), MTP with greedy and sampled
+drafts, and EAGLE trees (static, dynamic, siblings sampled from the head); and they are its
+plain decoding tokens, whatever k (adaptive included) or tree."""
 
 from __future__ import annotations
 
 import pytest
-from testkit import tiny_hf_model, tiny_llm
+from testkit import fit_head, tiny_hf_model, tiny_llm
 
 from speculant import SamplingParams
 
@@ -19,24 +20,37 @@ OTHERS = [  # unseeded neighbours, finishing at different steps so the batch shr
     ([3, 4, 3, 4, 3, 4, 3], SamplingParams(max_tokens=50, temperature=0.7, top_p=0.9, ignore_eos=True)),
     ([13, 14, 15], SamplingParams(max_tokens=25, temperature=1.0, min_p=0.05, ignore_eos=True)),
 ]
+TREE = dict(speculative="eagle", tree_depth=3, tree_topk=2, num_draft_tokens=6)
 METHODS = {
     "draft-sampled": dict(speculative="draft", draft_sampling="sample"),
     "draft-greedy": dict(speculative="draft", draft_sampling="greedy"),
     "ngram": dict(speculative="ngram"),
+    "mtp": dict(speculative="mtp"),
+    "mtp-sampled": dict(speculative="mtp", head_sampling="sample"),
+    "eagle-static": dict(TREE, tree="static"),
+    "eagle-dynamic": dict(TREE, tree="dynamic"),
+    "eagle-sampled-siblings": dict(TREE, tree="static", head_sampling="sample"),
 }
 
 
 @pytest.fixture(scope="module")
 def models():
-    return tiny_hf_model("llama", seed=1, **TINY), tiny_hf_model("llama", seed=7, num_hidden_layers=1, **TINY)
+    """The target, a weaker draft model, and a head fitted on the target's greedy continuation
+    of the seeded prompt (so some drafts are accepted)."""
+    target = tiny_hf_model("llama", seed=1, **TINY)
+    plain = tiny_llm(target).generate([SEEDED_PROMPT], SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))[0]
+    head = fit_head(target, [SEEDED_PROMPT + plain.token_ids], steps=100)
+    return target, tiny_hf_model("llama", seed=7, num_hidden_layers=1, **TINY), head
 
 
-def _llm(models, method: str, seed: int):
-    target, draft = models
-    options = dict(METHODS[method])
-    if options.pop("speculative") == "draft":
-        return tiny_llm(target, draft, num_draft_tokens=3, seed=seed, adaptive_k=False, **options)
-    return tiny_llm(target, speculative="ngram", num_draft_tokens=3, seed=seed, adaptive_k=False)
+def _llm(models, method: str, seed: int, adaptive_k: bool = False):
+    target, draft, head = models
+    options = {"num_draft_tokens": 3, **METHODS[method]}
+    if options["speculative"] == "draft":
+        return tiny_llm(target, draft, seed=seed, adaptive_k=adaptive_k, **options)
+    if options["speculative"] in ("mtp", "eagle"):
+        options["draft_checkpoint"] = head
+    return tiny_llm(target, seed=seed, adaptive_k=adaptive_k, **options)
 
 
 @pytest.mark.parametrize("method", list(METHODS))
@@ -52,18 +66,12 @@ def test_seeded_request_alone_equals_in_a_batch(models, method):
 
 @pytest.mark.parametrize("method", list(METHODS))
 def test_speculation_leaves_a_seeded_request_unchanged(models, method):
-    """A seeded request's tokens are its plain-decoding tokens under any method and k (fixed,
-    then adaptive with batch-mates), the n-gram store on: each position's token is the
+    """A seeded request's tokens are its plain-decoding tokens under any method, k and tree
+    (fixed, then adaptive with batch-mates), the n-gram store on: each position's token is the
     target's keyed sample, whatever was drafted."""
-    target, draft = models
-    plain = tiny_llm(target, seed=3).generate([SEEDED_PROMPT], SEEDED)[0].token_ids
-    options = dict(METHODS[method])
-    method_name = options.pop("speculative")
-    drafter = draft if method_name == "draft" else None
-    fixed = tiny_llm(target, drafter, speculative=method_name, num_draft_tokens=3, seed=4, adaptive_k=False, **options)
-    out = fixed.generate([SEEDED_PROMPT], SEEDED)[0]
+    plain = tiny_llm(models[0], seed=3).generate([SEEDED_PROMPT], SEEDED)[0].token_ids
+    out = _llm(models, method, seed=4).generate([SEEDED_PROMPT], SEEDED)[0]
     assert out.token_ids == plain
     assert 0 < out.stats.accepted_tokens < out.stats.draft_tokens
-    adaptive = tiny_llm(target, drafter, speculative=method_name, num_draft_tokens=3, seed=5, adaptive_k=True, **options)
     prompts, params = [SEEDED_PROMPT, *[p for p, _ in OTHERS]], [SEEDED, *[sp for _, sp in OTHERS]]
-    assert adaptive.generate(prompts, params)[0].token_ids == plain
+    assert _llm(models, method, seed=5, adaptive_k=True).generate(prompts, params)[0].token_ids == plain
