@@ -11,6 +11,7 @@ $(BIN)/speculant: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0   # the CPU wheel; never let a resolver pick a CUDA build
 	$(BIN)/pip install -q -e ".[server,dev,bench]"
+	$(BIN)/python -m speculant.kernels.native || echo "native kernels not built: the pure-torch kernels serve"
 	touch $@
 
 install: $(BIN)/speculant

@@ -44,7 +44,12 @@ def level() -> str:
 
 def features() -> frozenset[str]:
     """The CPU's feature flags (cpuinfo names: avx2, fma, avx512f, avx512_bf16, ...) under the cap."""
-    reported, cap = _reported(), level()
+    return _capped(level())
+
+
+@functools.cache
+def _capped(cap: str) -> frozenset[str]:
+    reported = _reported()
     if cap == "scalar":
         return frozenset()
     if cap == "avx2":
@@ -57,6 +62,7 @@ def has(*names: str) -> bool:
 
 
 def has_avx2() -> bool:
+    """The native kernels' AVX2 path: AVX2 with FMA and F16C (x86-64-v3)."""
     return has("avx2", "fma", "f16c")
 
 

@@ -1,0 +1,170 @@
+// Row-invariant CPU products: y[t, n] = sum_k x[t, k] * w[n, k], with float32 output.
+//
+// Every output element is computed by one fixed sequence of operations over k, whatever the
+// number of rows T, the thread count or how rows and weights are tiled, so a row of a T-row
+// product is bit for bit that row alone (what makes a (k+1)-row verification compute what k+1
+// one-row steps compute). Quantized weights take activations quantized per 32-value block to
+// int8 (as ggml's Q8_0): the block's integer dot product is exact, then scaled and summed in
+// block order. Two paths: AVX2+FMA and portable scalar; each is row-invariant on its own.
+#include <ATen/Parallel.h>
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "simd.h"
+
+namespace speculant {
+
+namespace {
+
+constexpr int64_t QK = 32;  // activations per quantization block (= the int4 group size)
+
+// ---- activation quantization (one implementation for both paths) ----------------------------
+
+void quantize_row(const float* x, int64_t k, int8_t* q, float* scale, float* sum) {
+  for (int64_t b = 0; b < k / QK; ++b) {
+    const float* xb = x + b * QK;
+    float amax = 0.f;
+    for (int i = 0; i < QK; ++i) amax = std::fmax(amax, std::fabs(xb[i]));
+    const float d = amax / 127.f;
+    const float id = d > 0.f ? 1.f / d : 0.f;
+    int32_t s = 0;
+    for (int i = 0; i < QK; ++i) {
+      const int v = static_cast<int>(std::nearbyint(xb[i] * id));
+      q[b * QK + i] = static_cast<int8_t>(v);
+      s += v;
+    }
+    scale[b] = d;
+    sum[b] = d * static_cast<float>(s);
+  }
+}
+
+struct QuantRows {
+  at::Tensor q, scale, sum;  // [T, K] int8, [T, K/32] f32, [T, K/32] f32 (scale * sum(q))
+};
+
+QuantRows quantize_rows(const at::Tensor& x) {
+  const int64_t rows = x.size(0), k = x.size(1);
+  QuantRows r{at::empty({rows, k}, x.options().dtype(at::kChar)),
+              at::empty({rows, k / QK}, x.options()), at::empty({rows, k / QK}, x.options())};
+  const float* xp = x.data_ptr<float>();
+  int8_t* qp = r.q.data_ptr<int8_t>();
+  float *sp = r.scale.data_ptr<float>(), *up = r.sum.data_ptr<float>();
+  at::parallel_for(0, rows, 16, [&](int64_t a, int64_t e) {
+    for (int64_t t = a; t < e; ++t) quantize_row(xp + t * k, k, qp + t * k, sp + t * (k / QK), up + t * (k / QK));
+  });
+  return r;
+}
+
+// ---- int4 groups: w = d * q + m per 32-weight block, q in 0..15 packed two per byte ------------
+// byte j of a block holds q[j] (low nibble) and q[j + 16] (high nibble).
+
+float q4_dot_scalar(const uint8_t* w, const float* d, const float* m, const int8_t* x, const float* xs,
+                    const float* xsum, int64_t nb) {
+  float acc = 0.f, accm = 0.f;
+  for (int64_t b = 0; b < nb; ++b) {
+    int32_t s = 0;
+    for (int j = 0; j < 16; ++j) {
+      s += (w[b * 16 + j] & 15) * x[b * QK + j];
+      s += (w[b * 16 + j] >> 4) * x[b * QK + 16 + j];
+    }
+    acc = std::fma(d[b] * xs[b], static_cast<float>(s), acc);
+    accm = std::fma(m[b], xsum[b], accm);
+  }
+  return acc + accm;
+}
+
+SPECULANT_AVX2 float q4_dot_avx2(const uint8_t* w, const float* d, const float* m, const int8_t* x,
+                                 const float* xs, const float* xsum, int64_t nb) {
+  const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+  __m256 acc = _mm256_setzero_ps();
+  float accm = 0.f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + b * 16));
+    const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), low);
+    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + b * QK));
+    const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), ones);  // 8 x int32
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d[b] * xs[b]), _mm256_cvtepi32_ps(s), acc);
+    accm = std::fma(m[b], xsum[b], accm);
+  }
+  return hsum_avx2(acc) + accm;
+}
+
+// ---- int8 rows: w = scale[n] * q ------------------------------------------------------------------
+
+float q8_dot_scalar(const int8_t* w, const int8_t* x, const float* xs, int64_t nb) {
+  float acc = 0.f;
+  for (int64_t b = 0; b < nb; ++b) {
+    int32_t s = 0;
+    for (int j = 0; j < QK; ++j) s += w[b * QK + j] * x[b * QK + j];
+    acc = std::fma(xs[b], static_cast<float>(s), acc);
+  }
+  return acc;
+}
+
+SPECULANT_AVX2 float q8_dot_avx2(const int8_t* w, const int8_t* x, const float* xs, int64_t nb) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + b * QK));
+    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + b * QK));
+    // |x| * (w with x's sign): maddubs wants one unsigned operand (ggml's trick)
+    const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(xv, xv), _mm256_sign_epi8(wv, xv));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(xs[b]), _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), acc);
+  }
+  return hsum_avx2(acc);
+}
+
+// ---- the drivers: threads split the weight's rows; every (t, n) runs the same dot ------------------
+
+template <typename Dot>
+void for_each_pair(int64_t rows, int64_t n_out, float* y, Dot dot) {
+  at::parallel_for(0, n_out, 8, [&](int64_t a, int64_t e) {
+    for (int64_t n = a; n < e; ++n)
+      for (int64_t t = 0; t < rows; ++t) y[t * n_out + n] = dot(t, n);
+  });
+}
+
+void check_rows(const at::Tensor& x, int64_t k) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be [T, K] float32, contiguous");
+  TORCH_CHECK(x.size(1) == k && k % QK == 0, "x has ", x.size(1), " columns, the weight ", k, " (a multiple of 32)");
+}
+
+}  // namespace
+
+// x [T, K] f32; packed [N, K/2] u8; d, m [N, K/32] f32 -> [T, N] f32
+at::Tensor int4_linear(at::Tensor x, at::Tensor packed, at::Tensor d, at::Tensor m, bool avx2) {
+  const int64_t n_out = packed.size(0), k = packed.size(1) * 2, nb = k / QK;
+  check_rows(x, k);
+  const QuantRows xq = quantize_rows(x);
+  auto y = at::empty({x.size(0), n_out}, x.options());
+  const uint8_t* w = packed.data_ptr<uint8_t>();
+  const float *dp = d.data_ptr<float>(), *mp = m.data_ptr<float>();
+  const int8_t* q = xq.q.data_ptr<int8_t>();
+  const float *xs = xq.scale.data_ptr<float>(), *xsum = xq.sum.data_ptr<float>();
+  auto dot = [&](int64_t t, int64_t n) {
+    const auto f = avx2 ? q4_dot_avx2 : q4_dot_scalar;
+    return f(w + n * nb * 16, dp + n * nb, mp + n * nb, q + t * k, xs + t * nb, xsum + t * nb, nb);
+  };
+  for_each_pair(x.size(0), n_out, y.data_ptr<float>(), dot);
+  return y;
+}
+
+// x [T, K] f32; q [N, K] i8; scale [N] f32 -> [T, N] f32
+at::Tensor int8_linear(at::Tensor x, at::Tensor wq, at::Tensor scale, bool avx2) {
+  const int64_t n_out = wq.size(0), k = wq.size(1), nb = k / QK;
+  check_rows(x, k);
+  const QuantRows xq = quantize_rows(x);
+  auto y = at::empty({x.size(0), n_out}, x.options());
+  const int8_t *w = wq.data_ptr<int8_t>(), *q = xq.q.data_ptr<int8_t>();
+  const float *sp = scale.data_ptr<float>(), *xs = xq.scale.data_ptr<float>();
+  auto dot = [&](int64_t t, int64_t n) {
+    const float s = avx2 ? q8_dot_avx2(w + n * k, q + t * k, xs + t * nb, nb) : q8_dot_scalar(w + n * k, q + t * k, xs + t * nb, nb);
+    return sp[n] * s;
+  };
+  for_each_pair(x.size(0), n_out, y.data_ptr<float>(), dot);
+  return y;
+}
+
+}  // namespace speculant

@@ -1,0 +1,120 @@
+"""The native CPU kernels against plain torch references, on each vector path this CPU runs: the
+product of every weight layout, attention over paged K/V with and without a tree mask, and the
+property they exist for: a row's output does not depend on the other rows of the call."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from speculant.kernels import native
+from speculant.layers.linear import pack_nibbles
+from speculant.layers.quant import quantize_int4, quantize_int8
+from speculant.utils import cpu
+
+pytestmark = pytest.mark.skipif(not native.available(), reason="the native kernels are not built (no C++ compiler)")
+
+
+def _paths() -> list:
+    avx2 = pytest.param(True, id="avx2", marks=pytest.mark.skipif(not cpu.has_avx2(), reason="needs AVX2, FMA and F16C"))
+    return [avx2, pytest.param(False, id="scalar")]
+
+
+def _int4(w):
+    g = quantize_int4(w)
+    args = (pack_nibbles(g.q), g.scale.contiguous(), (g.zero - 8 * g.scale).contiguous())
+    return lambda x, avx2: native.module().int4_linear(x, *args, avx2), g.dequantize()
+
+
+def _int8(w):
+    g = quantize_int8(w)
+    return lambda x, avx2: native.module().int8_linear(x, g.q, g.scale, avx2), g.dequantize()
+
+
+def _dense(dtype):
+    def make(w):
+        wd = w.to(dtype).contiguous()
+        return lambda x, avx2: native.module().dense_linear(x, wd, None, avx2), wd.float()
+
+    return make
+
+
+def _quantized_rows(x: torch.Tensor) -> torch.Tensor:
+    """x rounded as the kernels round activations: int8 per 32-value block, scale amax / 127."""
+    blocks = x.view(x.shape[0], -1, 32)
+    scale = blocks.abs().amax(-1, keepdim=True) / 127
+    return (torch.round(blocks / torch.where(scale > 0, scale, 1)) * scale).view_as(x)
+
+
+@pytest.mark.parametrize("avx2", _paths())
+@pytest.mark.parametrize("layout", ["int4", "int8", "f32", "bf16"])
+def test_products_equal_the_reference_and_are_row_invariant(layout, avx2):
+    torch.manual_seed(0)
+    make = {"int4": _int4, "int8": _int8, "f32": _dense(torch.float32), "bf16": _dense(torch.bfloat16)}[layout]
+    product, weight = make(torch.randn(80, 96 + 32))
+    x = torch.randn(40, 128)
+    full = product(x, avx2)
+    assert full.dtype == torch.float32 and full.shape == (40, 80)
+    rows = _quantized_rows(x) if layout.startswith("int") else x
+    torch.testing.assert_close(full, rows.double().mm(weight.double().t()).float(), rtol=1e-4, atol=1e-3)
+    for n in (1, 2, 5, 17):
+        assert torch.equal(product(x[:n].contiguous(), avx2), full[:n])
+    assert all(torch.equal(product(x[i : i + 1].contiguous(), avx2), full[i : i + 1]) for i in range(40))
+
+
+def test_dense_bias_and_bad_shapes():
+    w, b, x = torch.randn(16, 64), torch.randn(16), torch.randn(3, 64)
+    out = native.module().dense_linear(x, w, b, False)
+    torch.testing.assert_close(out, x @ w.t() + b, rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="w must be"):
+        native.module().dense_linear(x, torch.randn(16, 32), None, False)
+
+
+def _attention_reference(q, kc, vc, slots, tok_seq, tok_keys, mask, scale):  # [T, H * Dv]
+    out = []
+    group = q.shape[1] // kc.shape[1]
+    for t in range(q.shape[0]):
+        keys = slots[tok_seq[t], : tok_keys[t]]
+        seen = torch.ones(len(keys), dtype=torch.bool) if mask is None else mask[t, : tok_keys[t]]
+        k = kc[keys].float().repeat_interleave(group, 1)  # [n, H, D]
+        v = vc[keys].float().repeat_interleave(group, 1)
+        s = torch.einsum("hd,nhd->hn", q[t].double(), k.double()) * scale
+        s = s.masked_fill(~seen[None], float("-inf"))
+        out.append(torch.einsum("hn,nhd->hd", s.softmax(-1), v.double()).reshape(-1))
+    return torch.stack(out).float()
+
+
+@pytest.mark.parametrize("avx2", _paths())
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tree", [False, True])
+def test_attention_equals_softmax_and_each_query_reads_only_its_keys(avx2, cache_dtype, tree):
+    torch.manual_seed(1)
+    heads, kv_heads, d, num_slots = 6, 2, 40, 64
+    kc, vc = (torch.randn(num_slots, kv_heads, d).to(cache_dtype) for _ in range(2))
+    slots = torch.stack([torch.randperm(num_slots)[:20], torch.randperm(num_slots)[:20]])  # [2, 20]
+    tok_seq = torch.tensor([0, 0, 0, 1, 1])
+    tok_keys = torch.tensor([9, 10, 11, 20, 3])
+    mask = None
+    if tree:
+        mask = torch.rand(5, 20) > 0.3
+        mask[torch.arange(5), tok_keys - 1] = True  # every query sees itself
+    q = torch.randn(5, heads, d)
+    out = native.module().paged_attention(q, kc, vc, slots, tok_seq, tok_keys, mask, 0.2, avx2)
+    reference = _attention_reference(q, kc, vc, slots, tok_seq, tok_keys, mask, 0.2)
+    torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-5)
+    for t in range(5):  # alone, with padding keys the others left in `slots`
+        alone = native.module().paged_attention(
+            q[t : t + 1].contiguous(), kc, vc, slots[tok_seq[t] : tok_seq[t] + 1], torch.tensor([0]), tok_keys[t : t + 1],
+            None if mask is None else mask[t : t + 1].contiguous(), 0.2, avx2
+        )
+        assert torch.equal(alone, out[t : t + 1])
+
+
+def test_the_cpu_cap_picks_the_scalar_path(monkeypatch):
+    monkeypatch.setenv("SPECULANT_CPU_LEVEL", "scalar")
+    assert not native.use_avx2() and cpu.features() == frozenset()
+    monkeypatch.setenv("SPECULANT_CPU_LEVEL", "avx2")
+    assert not cpu.has("avx512f") and not cpu.has_native_bf16()
+    monkeypatch.setenv("SPECULANT_CPU_LEVEL", "avx9")
+    with pytest.raises(ValueError, match="SPECULANT_CPU_LEVEL"):
+        cpu.features()
