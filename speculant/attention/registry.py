@@ -8,9 +8,11 @@ import importlib.util
 import torch
 
 from speculant.attention.base import AttentionBackend
+from speculant.kernels import native
 
 _BACKENDS = {
     "torch": "speculant.attention.torch_backend:TorchAttention",
+    "native": "speculant.attention.native_backend:NativeAttention",
     "flashinfer": "speculant.attention.flashinfer_backend:FlashInferAttention",
 }
 
@@ -21,12 +23,15 @@ def available_backends() -> list[str]:
 
 def resolve_backend_name(name: str, device: torch.device, dtype: torch.dtype = torch.float16) -> str:
     """"auto" picks flashinfer on CUDA for fp16/bf16 when it is installed (its kernels have no
-    fp32 path), else the torch reference."""
+    fp32 path), the row-invariant native kernel on the CPU when it is built, else the torch
+    reference."""
     if name != "auto":
         return name
     half = dtype in (torch.float16, torch.bfloat16)
     if device.type == "cuda" and half and importlib.util.find_spec("flashinfer") is not None:
         return "flashinfer"
+    if device.type == "cpu" and native.available():
+        return "native"
     return "torch"
 
 

@@ -160,7 +160,7 @@ def _padding(fb: ForwardBatch, max_q: int, max_kv: int, device: torch.device) ->
     if fb.num_tokens != num_seqs * max_q:
         seq_of_token = np.repeat(np.arange(num_seqs), q_lens)
         q_scatter = seq_of_token * max_q + np.arange(fb.num_tokens) - fb.cu_seqlens_q[seq_of_token]
-    mask = _build_mask(fb, max_q, max_kv)
+    mask = build_mask(fb, max_q, max_kv)
     return {"mask": None if mask is None else _as_tensor(device, mask[:, None]), "q_scatter": None if q_scatter is None else _as_tensor(device, q_scatter)}
 
 
@@ -188,7 +188,7 @@ def _groups(fb: ForwardBatch, kv_gather: np.ndarray, device: torch.device) -> li
     return groups
 
 
-def _build_mask(fb: ForwardBatch, max_q: int, max_kv: int) -> np.ndarray | None:
+def build_mask(fb: ForwardBatch, max_q: int, max_kv: int) -> np.ndarray | None:
     """[B, Q, L] bool: a query sees the prefix, then new tokens causally (or by the tree mask)."""
     q_lens, kv_lens = fb.q_lens, fb.kv_lens
     kv_start = kv_lens - q_lens

@@ -19,7 +19,9 @@ import time
 
 import torch
 
+from speculant.utils import cpu as speculant_cpu
 from speculant.utils.json_cache import read_json, write_json
+from speculant.utils.paths import cache_dir
 
 BUCKETS = {"1": (1,), "2-4": (2, 4), "5-16": (8, 16), "17-64": (32,), "prefill": (256,)}  # bucket -> rows timed
 _MIN_TUNED_BYTES = 1 << 20
@@ -73,12 +75,28 @@ KERNELS = {"mm": _mm, "rowsplit": _rowsplit, "linear": _linear, "onednn": _onedn
 
 
 def available(dtype: torch.dtype = torch.float32) -> list[str]:
+    """The kernels this CPU runs for a weight of `dtype`: oneDNN's half-precision products need
+    what its own check asks of the CPU (`utils.cpu.has_native_bf16`)."""
     names = ["mm", "rowsplit", "linear"]
-    if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+    if onednn_runs(dtype):
         names.append("onednn")
     if dtype != torch.float32:
         names.append("widen")
     return names
+
+
+def onednn_runs(dtype: torch.dtype = torch.float32) -> bool:
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return False
+    return dtype == torch.float32 or speculant_cpu.has_native_bf16()
+
+
+def forced() -> str | None:
+    """The kernel `SPECULANT_LINEAR_KERNEL` forces on every dense layer, if any."""
+    name = os.environ.get("SPECULANT_LINEAR_KERNEL")
+    if name and name not in KERNELS:
+        raise ValueError(f"SPECULANT_LINEAR_KERNEL must be one of {sorted(KERNELS)}, got {name!r}")
+    return name or None
 
 
 def run(kernel: str, x, w, packed, bias) -> torch.Tensor:
@@ -96,11 +114,9 @@ def pack(weight: torch.Tensor, kernels: dict[str, str]) -> torch.Tensor | None:
 
 def kernels_for(weight: torch.Tensor) -> dict[str, str]:
     """bucket -> kernel name for this weight's shape and dtype."""
-    forced = os.environ.get("SPECULANT_LINEAR_KERNEL")
-    if forced:
-        if forced not in KERNELS:
-            raise ValueError(f"SPECULANT_LINEAR_KERNEL must be one of {sorted(KERNELS)}, got {forced!r}")
-        return dict.fromkeys(BUCKETS, forced)
+    name = forced()
+    if name:
+        return dict.fromkeys(BUCKETS, name)
     if weight.device.type != "cpu" or weight.numel() * weight.element_size() < _MIN_TUNED_BYTES:
         return dict.fromkeys(BUCKETS, "mm")
     key = _key(weight)
@@ -158,7 +174,7 @@ def _key(weight: torch.Tensor) -> str:
     cpu = cpu_name()
     shape = "x".join(map(str, weight.shape))
     names = ",".join(available(weight.dtype))  # a kernel added later is measured, not skipped
-    return f"{cpu}|{os.cpu_count()}|{torch.get_num_threads()}|{torch.__version__}|{weight.dtype}|{names}|{shape}"
+    return f"{cpu}|{speculant_cpu.level()}|{os.cpu_count()}|{torch.get_num_threads()}|{torch.__version__}|{weight.dtype}|{names}|{shape}"
 
 
 def cpu_name() -> str:
@@ -171,8 +187,6 @@ def cpu_name() -> str:
 
 
 def _cache_path():
-    from speculant.loader.registry import cache_dir
-
     return cache_dir() / "linear_kernels.json"
 
 

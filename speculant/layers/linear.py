@@ -1,10 +1,17 @@
 """Linear layers: one object per weight, its kernel chosen when the model is loaded.
 
-`make_linear(weight, bias, mode)` returns a `DenseLinear` (float weights, a kernel per row-count
-bucket picked by `speculant.layers.autotune`), an `Int4Linear` or an `Int8Linear`; the model
-calls `layer(x)` and never looks at dtypes.
+`make_linear(weight, bias, mode)` returns a `DenseLinear` (float weights), an `Int4Linear` or an
+`Int8Linear`; the model calls `layer(x)` and never looks at dtypes.
 
-Notes from the project's 2-core machine (AVX-512 with BF16 dot products, MKL, torch 2.13):
+On a CPU every layer runs on the native kernels (`speculant.kernels`) when they are built: float32
+output, and each output row computed by one fixed sequence of operations whatever the row count,
+so a (k+1)-row verification, a prefill chunk or a batch computes each row bit for bit as a
+one-row step does (batch invariance). Quantized weights take activations quantized per 32-value
+block to int8 (llama.cpp's scheme for Q4/Q8 weights); float weights accumulate in float32.
+Where the native kernels are not built (`SPECULANT_NATIVE=0`, no compiler), the pure-torch kernels
+below serve, fast but row-dependent (the per-bucket choice, oneDNN, bf16 outputs).
+
+Notes on the pure-torch kernels, from a 2-core machine (AVX-512 with BF16 dot products, MKL):
 - `F.linear` with few rows is several times slower than `(W @ x^T)^T`; for one row MKL's GEMV
   streams the weight on one core, so splitting the weight's rows into one batch per thread
   (`bmm`, "rowsplit") streams it on all cores; oneDNN's inner product on a pre-packed weight
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import torch
 
+from speculant.kernels import native
 from speculant.layers import autotune
 from speculant.layers.quant import GROUP, Int4Groups, Int8Rows, quantize_int4, quantize_int8
 
@@ -34,9 +42,14 @@ class DenseLinear:
         """keep_weight=False: a layer's own weight (nobody else reads it) is let go when every
         bucket runs on the oneDNN packed copy, instead of holding the weight twice (on the
         qwen2.5-coder 1.5B target that is 4.6 GB of fp32 kept for nothing)."""
+        self.shape, self.dtype = weight.shape, weight.dtype
+        self.native = None if autotune.forced() else _native_for(weight)
+        if self.native is not None:
+            self.weight, self.bias = weight.contiguous(), None if bias is None else bias.float()
+            self.kernels, self.packed = {}, None
+            return
         bias = None if bias is None else bias.to(weight.dtype)  # a native bf16 product takes a bf16 bias
         self.weight, self.bias = weight, bias  # [out, in], [out]; weight None: only the packed copy
-        self.shape, self.dtype = weight.shape, weight.dtype
         self.kernels = autotune.kernels_for(weight)  # bucket -> kernel name
         self.packed = autotune.pack(weight, self.kernels)
         if not keep_weight and set(self.kernels.values()) == {"onednn"}:
@@ -44,6 +57,8 @@ class DenseLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
         w = self.weight
+        if self.native is not None:
+            return self.native.dense_linear(_rows_f32(x), w, self.bias, native.use_avx2()).to(x.dtype)
         if x.device.type != "cpu":
             return torch.nn.functional.linear(x, w, self.bias)
         kernel = self.kernels[autotune.bucket(x.shape[0])]
@@ -52,16 +67,26 @@ class DenseLinear:
 
 
 class Int4Linear:
-    """Group-wise int4 weight, packed for `_weight_int4pack_mm_for_cpu`."""
+    """Group-wise int4 weight: two values a byte for the native kernel (w = d * q + m per group),
+    else packed for `_weight_int4pack_mm_for_cpu`."""
 
     def __init__(self, weight: Int4Groups, bias: torch.Tensor | None = None) -> None:
         self.shape, self.bias = weight.shape, bias
+        self.native = _native_for(weight.q)
+        if self.native is not None:
+            self.packed = pack_nibbles(weight.q)  # [out, in / 2] uint8
+            self.d = weight.scale.float().contiguous()  # [out, in / GROUP]
+            self.m = (weight.zero - 8 * weight.scale).float().contiguous()  # [out, in / GROUP]: w at q = 0
+            return
         self.packed = torch._convert_weight_to_int4pack_for_cpu(weight.q.to(torch.int32), 2)
         scale_zero = torch.stack([weight.scale, weight.zero], dim=-1)  # [out, groups, 2]
         self.scale_zero = scale_zero.transpose(0, 1).contiguous().bfloat16()  # [groups, out, 2]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
-        out = torch._weight_int4pack_mm_for_cpu(x.bfloat16(), self.packed, GROUP, self.scale_zero)
+        if self.native is not None:
+            out = self.native.int4_linear(_rows_f32(x), self.packed, self.d, self.m, native.use_avx2())
+        else:
+            out = torch._weight_int4pack_mm_for_cpu(x.bfloat16(), self.packed, GROUP, self.scale_zero)
         out = out.to(x.dtype)
         return out if self.bias is None else out.add_(self.bias)
 
@@ -71,10 +96,15 @@ class Int8Linear:
 
     def __init__(self, weight: Int8Rows, bias: torch.Tensor | None = None) -> None:
         self.shape, self.bias = weight.shape, bias
-        self.q, self.scale = weight.q.contiguous(), weight.scale.bfloat16()
+        self.native = _native_for(weight.q) if weight.shape[1] % GROUP == 0 else None
+        self.q = weight.q.contiguous()
+        self.scale = weight.scale.float().contiguous() if self.native is not None else weight.scale.bfloat16()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
-        out = torch._weight_int8pack_mm(x.bfloat16(), self.q, self.scale).to(x.dtype)
+        if self.native is not None:
+            out = self.native.int8_linear(_rows_f32(x), self.q, self.scale, native.use_avx2()).to(x.dtype)
+        else:
+            out = torch._weight_int8pack_mm(x.bfloat16(), self.q, self.scale).to(x.dtype)
         return out if self.bias is None else out.add_(self.bias)
 
 
@@ -111,8 +141,32 @@ def _dense(weight, dtype: torch.dtype) -> torch.Tensor:
     return weight.dequantize().to(dtype)
 
 
+def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
+    """[out, in] values 0..15 -> [out, in / 2] uint8: byte j of each 32-value group holds value
+    j (low nibble) and value j + 16 (high nibble), the native int4 kernel's layout."""
+    out, n_in = q.shape
+    groups = q.to(torch.uint8).view(out, n_in // GROUP, GROUP)
+    return (groups[..., : GROUP // 2] | (groups[..., GROUP // 2 :] << 4)).reshape(out, n_in // 2).contiguous()
+
+
+def _native_for(weight: torch.Tensor):
+    """The native kernels' module for a CPU weight whose dtype and input size they take, else None."""
+    if weight.device.type != "cpu" or weight.shape[1] % GROUP or weight.dtype in (torch.float16, torch.float64):
+        return None
+    return native.module()
+
+
+def _rows_f32(x: torch.Tensor) -> torch.Tensor:
+    return x.float().contiguous()
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [T, in], weight [out, in], bias [out] -> [T, out] in x's dtype through the row-split/GEMM
-    kernels, computed in the weight's dtype (a head's rows gathered from a bf16 lm_head)."""
+    """x [T, in], weight [out, in], bias [out] -> [T, out] in x's dtype (a head's rows gathered
+    from the lm_head): the native dense kernel where it runs (row-invariant, float32
+    accumulation), else the row-split/GEMM kernels in the weight's dtype."""
+    kernels = _native_for(weight)
+    if kernels is not None:
+        b = None if bias is None else bias.float()
+        return kernels.dense_linear(_rows_f32(x), weight.contiguous(), b, native.use_avx2()).to(x.dtype)
     kernel = "rowsplit" if x.shape[0] == 1 else "mm"
     return autotune.run(kernel, x.to(weight.dtype), weight, None, bias).to(x.dtype)

@@ -22,7 +22,7 @@ from speculant.attention.flashinfer_backend import (
     paged_kv_layout,
     uses_decode_kernel,
 )
-from speculant.attention.torch_backend import TorchAttention, _build_mask
+from speculant.attention.torch_backend import TorchAttention, build_mask
 from speculant.executor.model_runner import ModelRunner
 
 TREE = np.array([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=bool)  # root, then two siblings
@@ -115,7 +115,7 @@ def test_custom_mask_matches_the_torch_backend_mask(fb) -> None:
     if len(fb.custom_mask) == 0:
         return  # no tree drawn: FlashInfer runs causal, no mask to compare
     mask = flashinfer_custom_mask(fb)
-    reference = _build_mask(fb, int(fb.q_lens.max()), int(fb.kv_lens.max()))  # [B, Q, L]
+    reference = build_mask(fb, int(fb.q_lens.max()), int(fb.kv_lens.max()))  # [B, Q, L]
     offset = 0
     for b, (q_len, kv_len) in enumerate(zip(fb.q_lens.tolist(), fb.kv_lens.tolist(), strict=True)):
         block = mask[offset : offset + q_len * kv_len].reshape(q_len, kv_len)

@@ -153,11 +153,11 @@ def test_tree_siblings_do_not_see_each_other() -> None:
 def test_a_tree_mask_may_cover_cached_slots_before_the_new_tokens():
     """A head's level of tree entries: each sees the whole prefix before the tree, its ancestor
     entries among the cached ones, and itself."""
-    from speculant.attention.torch_backend import _build_mask
+    from speculant.attention.torch_backend import build_mask
 
     tree_mask = np.array([[1, 0, 0, 1, 0], [0, 1, 0, 0, 1]], dtype=bool)  # 3 cached entries, 2 new
     fb = build_forward_batch([SeqInput([0, 0], 6, [0, 1], tree_mask=tree_mask)], page_size=4)
-    mask = _build_mask(fb, 2, 8)[0]
+    mask = build_mask(fb, 2, 8)[0]
     assert mask[:, :3].all()  # the prefix before the tree entries
     assert (mask[:, 3:] == tree_mask).all()
     with pytest.raises(ValueError, match="tree_mask must be"):
