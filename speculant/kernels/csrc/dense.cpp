@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstdint>
 
 #include "simd.h"
@@ -27,30 +28,64 @@ float dot_scalar(const float* x, const W* w, int64_t k) {
   return acc;
 }
 
-template <typename W>
-SPECULANT_AVX2 float dot_avx2(const float* x, const W* w, int64_t k) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+// R weight rows x C activation rows; every pair keeps its own four accumulators and runs the
+// operations a lone pair would, so the tile shape changes speed, never a result.
+template <int R, int C, typename W>
+SPECULANT_AVX2 void tile_avx2(const float* x, const W* w, const float* bias, float* y, int64_t k, int64_t n_out) {
+  __m256 a[R][C][4];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c)
+      for (int j = 0; j < 4; ++j) a[r][c][j] = _mm256_setzero_ps();
   int64_t i = 0;
-  for (; i + 32 <= k; i += 32) {
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), load8(w + i), a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), load8(w + i + 8), a1);
-    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 16), load8(w + i + 16), a2);
-    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 24), load8(w + i + 24), a3);
-  }
-  for (; i + 8 <= k; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), load8(w + i), a0);
-  float acc = hsum_avx2(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-  for (; i < k; ++i) acc = std::fma(x[i], widen(w[i]), acc);
-  return acc;
+  for (; i + 32 <= k; i += 32)
+    for (int j = 0; j < 4; ++j) {
+      __m256 wv[R];
+      for (int r = 0; r < R; ++r) wv[r] = load8(w + r * k + i + 8 * j);
+      for (int c = 0; c < C; ++c) {
+        const __m256 xv = _mm256_loadu_ps(x + c * k + i + 8 * j);
+        for (int r = 0; r < R; ++r) a[r][c][j] = _mm256_fmadd_ps(xv, wv[r], a[r][c][j]);
+      }
+    }
+  for (; i + 8 <= k; i += 8)
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) a[r][c][0] = _mm256_fmadd_ps(_mm256_loadu_ps(x + c * k + i), load8(w + r * k + i), a[r][c][0]);
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) {
+      float acc = hsum_avx2(_mm256_add_ps(_mm256_add_ps(a[r][c][0], a[r][c][1]), _mm256_add_ps(a[r][c][2], a[r][c][3])));
+      for (int64_t t = i; t < k; ++t) acc = std::fma(x[c * k + t], widen(w[r * k + t]), acc);
+      y[c * n_out + r] = bias ? acc + bias[r] : acc;
+    }
 }
 
 template <typename W>
 void dense_rows(const float* x, const W* w, const float* bias, float* y, int64_t rows, int64_t n_out, int64_t k, bool avx2) {
-  at::parallel_for(0, n_out, 4, [&](int64_t a, int64_t e) {
-    for (int64_t n = a; n < e; ++n)
-      for (int64_t t = 0; t < rows; ++t) {
-        const float v = avx2 ? dot_avx2(x + t * k, w + n * k, k) : dot_scalar(x + t * k, w + n * k, k);
-        y[t * n_out + n] = bias ? v + bias[n] : v;
+  if (!avx2) {
+    at::parallel_for(0, n_out, 4, [&](int64_t a, int64_t e) {
+      for (int64_t n = a; n < e; ++n)
+        for (int64_t t = 0; t < rows; ++t) {
+          const float v = dot_scalar(x + t * k, w + n * k, k);
+          y[t * n_out + n] = bias ? v + bias[n] : v;
+        }
+    });
+    return;
+  }
+  // one row: two weight rows in flight; more rows: each weight row against two rows at a time
+  const int64_t group = rows == 1 ? 2 : 1;
+  at::parallel_for(0, (n_out + group - 1) / group, 4, [&](int64_t a, int64_t e) {
+    for (int64_t g = a; g < e; ++g) {
+      const int64_t n = g * group;
+      const float* b = bias ? bias + n : nullptr;
+      if (group == 2 && n + 2 <= n_out) {
+        tile_avx2<2, 1>(x, w + n * k, b, y + n, k, n_out);
+        continue;
       }
+      for (int64_t m = n; m < std::min(n + group, n_out); ++m) {
+        const float* bm = bias ? bias + m : nullptr;
+        int64_t t = 0;
+        for (; t + 2 <= rows; t += 2) tile_avx2<1, 2>(x + t * k, w + m * k, bm, y + t * n_out + m, k, n_out);
+        for (; t < rows; ++t) tile_avx2<1, 1>(x + t * k, w + m * k, bm, y + t * n_out + m, k, n_out);
+      }
+    }
   });
 }
 

@@ -10,7 +10,9 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstdint>
+#include <tuple>
 
 #include "simd.h"
 
@@ -75,20 +77,34 @@ float q4_dot_scalar(const uint8_t* w, const float* d, const float* m, const int8
   return acc + accm;
 }
 
-SPECULANT_AVX2 float q4_dot_avx2(const uint8_t* w, const float* d, const float* m, const int8_t* x,
-                                 const float* xs, const float* xsum, int64_t nb) {
+// A tile of R weight rows x C activation rows; each (row, weight row) pair runs exactly the
+// operations a lone pair would (blocks in order, one FMA into its own accumulator per block), so
+// the tile shape changes speed, never a result.
+template <int R, int C>
+SPECULANT_AVX2 void q4_tile_avx2(const uint8_t* w, const float* d, const float* m, const int8_t* x, const float* xs,
+                                 const float* xsum, int64_t nb, int64_t k, float* y, int64_t n_out) {
   const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
-  __m256 acc = _mm256_setzero_ps();
-  float accm = 0.f;
+  __m256 acc[R][C];
+  float accm[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps(), accm[r][c] = 0.f;
   for (int64_t b = 0; b < nb; ++b) {
-    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + b * 16));
-    const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), low);
-    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + b * QK));
-    const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), ones);  // 8 x int32
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(d[b] * xs[b]), _mm256_cvtepi32_ps(s), acc);
-    accm = std::fma(m[b], xsum[b], accm);
+    __m256i q[R];
+    for (int r = 0; r < R; ++r) {
+      const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + (r * nb + b) * 16));
+      q[r] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), low);
+    }
+    for (int c = 0; c < C; ++c) {
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + c * k + b * QK));
+      for (int r = 0; r < R; ++r) {
+        const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(q[r], xv), ones);  // 8 x int32
+        acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(d[r * nb + b] * xs[c * nb + b]), _mm256_cvtepi32_ps(s), acc[r][c]);
+        accm[r][c] = std::fma(m[r * nb + b], xsum[c * nb + b], accm[r][c]);
+      }
+    }
   }
-  return hsum_avx2(acc) + accm;
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) y[c * n_out + r] = hsum_avx2(acc[r][c]) + accm[r][c];
 }
 
 // ---- int8 rows: w = scale[n] * q ------------------------------------------------------------------
@@ -103,17 +119,28 @@ float q8_dot_scalar(const int8_t* w, const int8_t* x, const float* xs, int64_t n
   return acc;
 }
 
-SPECULANT_AVX2 float q8_dot_avx2(const int8_t* w, const int8_t* x, const float* xs, int64_t nb) {
+template <int R, int C>
+SPECULANT_AVX2 void q8_tile_avx2(const int8_t* w, const float* scale, const int8_t* x, const float* xs, int64_t nb,
+                                 int64_t k, float* y, int64_t n_out) {
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc = _mm256_setzero_ps();
+  __m256 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + b * QK));
-    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + b * QK));
-    // |x| * (w with x's sign): maddubs wants one unsigned operand (ggml's trick)
-    const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(xv, xv), _mm256_sign_epi8(wv, xv));
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(xs[b]), _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), acc);
+    __m256i wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * k + b * QK));
+    for (int c = 0; c < C; ++c) {
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + c * k + b * QK));
+      const __m256i ax = _mm256_sign_epi8(xv, xv);
+      for (int r = 0; r < R; ++r) {
+        // |x| * (w with x's sign): maddubs wants one unsigned operand (ggml's trick)
+        const __m256i p = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(wv[r], xv));
+        acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(xs[c * nb + b]), _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), acc[r][c]);
+      }
+    }
   }
-  return hsum_avx2(acc);
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) y[c * n_out + r] = scale[r] * hsum_avx2(acc[r][c]);
 }
 
 // ---- the drivers: threads split the weight's rows; every (t, n) runs the same dot ------------------
@@ -123,6 +150,28 @@ void for_each_pair(int64_t rows, int64_t n_out, float* y, Dot dot) {
   at::parallel_for(0, n_out, 8, [&](int64_t a, int64_t e) {
     for (int64_t n = a; n < e; ++n)
       for (int64_t t = 0; t < rows; ++t) y[t * n_out + n] = dot(t, n);
+  });
+}
+
+// Runs tile(n, t, R, C) over the [rows, n_out] output: groups of R weight rows split among the
+// threads (R = 4 for one row, where four pairs in flight hide the FMA latency; 2 otherwise, as
+// eight accumulators fill the registers), activation rows C = 4 at a time, the rest one by one.
+template <typename Tile>
+void for_each_tile(int64_t rows, int64_t n_out, Tile tile) {
+  const int64_t group = rows == 1 ? 4 : 2;
+  at::parallel_for(0, (n_out + group - 1) / group, 4, [&](int64_t a, int64_t e) {
+    for (int64_t g = a; g < e; ++g) {
+      const int64_t n = g * group, r = std::min(group, n_out - n);
+      int64_t t = 0;
+      for (; r == group && t + 4 <= rows && group == 2; t += 4) tile(n, t, 2, 4);
+      for (; t < rows; ++t) {
+        if (r == group) {
+          tile(n, t, group, 1);
+        } else {
+          for (int64_t i = 0; i < r; ++i) tile(n + i, t, 1, 1);
+        }
+      }
+    }
   });
 }
 
@@ -143,11 +192,22 @@ at::Tensor int4_linear(at::Tensor x, at::Tensor packed, at::Tensor d, at::Tensor
   const float *dp = d.data_ptr<float>(), *mp = m.data_ptr<float>();
   const int8_t* q = xq.q.data_ptr<int8_t>();
   const float *xs = xq.scale.data_ptr<float>(), *xsum = xq.sum.data_ptr<float>();
-  auto dot = [&](int64_t t, int64_t n) {
-    const auto f = avx2 ? q4_dot_avx2 : q4_dot_scalar;
-    return f(w + n * nb * 16, dp + n * nb, mp + n * nb, q + t * k, xs + t * nb, xsum + t * nb, nb);
+  float* yp = y.data_ptr<float>();
+  if (!avx2) {
+    auto dot = [&](int64_t t, int64_t n) {
+      return q4_dot_scalar(w + n * nb * 16, dp + n * nb, mp + n * nb, q + t * k, xs + t * nb, xsum + t * nb, nb);
+    };
+    for_each_pair(x.size(0), n_out, yp, dot);
+    return y;
+  }
+  auto tile = [&](int64_t n, int64_t t, int64_t r, int64_t c) {
+    const auto args = std::make_tuple(w + n * nb * 16, dp + n * nb, mp + n * nb, q + t * k, xs + t * nb, xsum + t * nb, nb, k, yp + t * n_out + n, n_out);
+    if (r == 4) std::apply(q4_tile_avx2<4, 1>, args);
+    else if (r == 2 && c == 4) std::apply(q4_tile_avx2<2, 4>, args);
+    else if (r == 2) std::apply(q4_tile_avx2<2, 1>, args);
+    else std::apply(q4_tile_avx2<1, 1>, args);
   };
-  for_each_pair(x.size(0), n_out, y.data_ptr<float>(), dot);
+  for_each_tile(x.size(0), n_out, tile);
   return y;
 }
 
@@ -159,11 +219,20 @@ at::Tensor int8_linear(at::Tensor x, at::Tensor wq, at::Tensor scale, bool avx2)
   auto y = at::empty({x.size(0), n_out}, x.options());
   const int8_t *w = wq.data_ptr<int8_t>(), *q = xq.q.data_ptr<int8_t>();
   const float *sp = scale.data_ptr<float>(), *xs = xq.scale.data_ptr<float>();
-  auto dot = [&](int64_t t, int64_t n) {
-    const float s = avx2 ? q8_dot_avx2(w + n * k, q + t * k, xs + t * nb, nb) : q8_dot_scalar(w + n * k, q + t * k, xs + t * nb, nb);
-    return sp[n] * s;
+  float* yp = y.data_ptr<float>();
+  if (!avx2) {
+    auto dot = [&](int64_t t, int64_t n) { return sp[n] * q8_dot_scalar(w + n * k, q + t * k, xs + t * nb, nb); };
+    for_each_pair(x.size(0), n_out, yp, dot);
+    return y;
+  }
+  auto tile = [&](int64_t n, int64_t t, int64_t r, int64_t c) {
+    const auto args = std::make_tuple(w + n * k, sp + n, q + t * k, xs + t * nb, nb, k, yp + t * n_out + n, n_out);
+    if (r == 4) std::apply(q8_tile_avx2<4, 1>, args);
+    else if (r == 2 && c == 4) std::apply(q8_tile_avx2<2, 4>, args);
+    else if (r == 2) std::apply(q8_tile_avx2<2, 1>, args);
+    else std::apply(q8_tile_avx2<1, 1>, args);
   };
-  for_each_pair(x.size(0), n_out, y.data_ptr<float>(), dot);
+  for_each_tile(x.size(0), n_out, tile);
   return y;
 }
 
