@@ -37,6 +37,19 @@ class NativeAttention(AttentionBackend):
         if self.kernels is None:
             raise RuntimeError("the native kernels are not built (see speculant.kernels.native); use attention_backend='torch'")
         self.device = device
+        self.shape: tuple[int, int, int] = (1, 1, 1)  # heads, kv heads, head_dim
+
+    def configure(self, num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
+        self.shape = (num_heads, num_kv_heads, head_dim)
+
+    def workspace_bytes(self, num_seqs: int, max_q: int, max_kv: int) -> int:
+        """Per forward: the slot lists [B, L] int64, two int64 per token and a [T, L] tree mask;
+        per layer: a float32 copy of the queries, the output, one score row per thread."""
+        heads, _, head_dim = self.shape
+        tokens = num_seqs * max_q
+        plan = 8 * num_seqs * max_kv + 16 * tokens + tokens * max_kv
+        layer = 2 * 4 * tokens * heads * head_dim + 4 * torch.get_num_threads() * max_kv
+        return plan + layer
 
     def plan(self, fb: ForwardBatch, device: torch.device) -> NativeAttentionMeta:
         q_lens, kv_lens = fb.q_lens, fb.kv_lens

@@ -23,7 +23,6 @@ from speculant.config_options import add_engine_arguments, engine_config_from_ar
 from speculant.executor.plan import TARGET, ForwardPlan
 from speculant.sampling.params import SamplingParams
 
-
 # Ops that move or re-view values without computing: a one-row and a multi-row forward may take
 # different ones (a copy to make rows contiguous), so only computing ops are compared.
 LAYOUT_OPS = {

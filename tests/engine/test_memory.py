@@ -99,9 +99,9 @@ def test_memory_budget_fraction_of_free_memory(monkeypatch):
 
 
 def test_too_small_budget_fails_at_construction_naming_what_it_must_cover():
-    with pytest.raises(ValueError, match=r"memory_budget of 2\.0 MiB is too small: it must cover .* MiB for weights "
+    with pytest.raises(ValueError, match=r"memory_budget of 1\.0 MiB is too small: it must cover .* MiB for weights "
                        r"and workspaces \(.*target_weights.*\) plus .* MiB of KV cache for one full-context sequence"):
-        _engine(_config(memory_budget=2 * MIB))
+        _engine(_config(memory_budget=MIB))
 
 
 def test_num_pages_wins_but_must_fit_a_budget_beside_it():
