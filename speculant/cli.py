@@ -41,18 +41,19 @@ def _generate(args: argparse.Namespace) -> int:
     else:
         (out,) = llm.generate([prompt], params)
         print(out.text)
-    _print_stats(out, llm.stats(), llm.config.speculative.enabled)
+    _print_stats(out, llm.stats(), llm.config)
     llm.close()
     return 0
 
 
-def _print_stats(out, engine_stats: dict, speculative: bool) -> None:
-    s = out.stats
+def _print_stats(out, engine_stats: dict, config) -> None:
+    s, spec = out.stats, config.speculative
     line = (
         f"[{s.num_output_tokens} tokens, finish={out.finish_reason}, ttft={s.ttft_s * 1000:.0f} ms, "
-        f"itl={s.inter_token_latency_s * 1000:.1f} ms, {s.tokens_per_s:.1f} tok/s"
+        f"itl={s.inter_token_latency_s * 1000:.1f} ms, {s.tokens_per_s:.1f} tok/s, weights={config.model.weights}, "
+        f"speculative={spec.method}{' (adaptive k)' if spec.enabled and spec.adaptive_k else ''}"
     )
-    if speculative:
+    if spec.enabled:
         by_pos = ", ".join(f"{a:.2f}" for a in engine_stats["acceptance_by_position"])
         line += f", tau={s.tau:.2f}, acceptance={s.acceptance_rate:.2f} (by position: {by_pos})"
     print(line + "]", file=sys.stderr)
