@@ -21,7 +21,7 @@ import numpy as np
 from speculant.attention.batch import SeqInput
 from speculant.bench.common import machine, print_table
 from speculant.executor.plan import TARGET, ForwardPlan
-from speculant.speculative import tree
+from speculant.sampling import tree_shape
 
 
 def random_parents(num_nodes: int, seed: int) -> list[int]:
@@ -47,7 +47,7 @@ def measure(llm, context: int, tokens: list[int], repeats: int) -> list[dict]:
         chain = [-1] + list(range(t - 2)) if t > 1 else []
         parents = random_parents(t - 1, t)
         causal = [SeqInput([0] * t, context, table, logits="all")]
-        masked = [SeqInput([0] * t, context, table, positions=tree.verify_positions(parents, context), logits="all", tree_mask=tree.verify_mask(parents))]
+        masked = [SeqInput([0] * t, context, table, positions=tree_shape.verify_positions(parents, context), logits="all", tree_mask=tree_shape.verify_mask(parents))]
         assert len(chain) == len(parents)
         times: dict[str, list[float]] = {"causal": [], "tree": []}
         for _ in range(repeats):
@@ -62,7 +62,7 @@ def measure(llm, context: int, tokens: list[int], repeats: int) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from speculant import LLM
+    from speculant.llm import LLM
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2-135m")

@@ -3,7 +3,7 @@ tree acceptance, and the commit of the accepted path's K/V into contiguous slots
 
 Sequence b verifies n_b + 1 rows: its last token (the root) at its next KV slot, then its nodes
 breadth-first in the slots after it, siblings sharing a RoPE position, each row attending to the
-cached prefix and its ancestors (`speculant.speculative.tree.verify_mask`). After acceptance the
+cached prefix and its ancestors (`speculant.sampling.tree_shape.verify_mask`). After acceptance the
 path's nodes (scattered among the tree's slots) are copied to the slots right after the root, so
 the sequence's K/V is what a forward over its accepted tokens would have written; slots past the
 new length are released at commit like rejected chain drafts.
@@ -24,7 +24,7 @@ from speculant.executor.plan import TARGET, ForwardPlan
 from speculant.sampling.acceptance import pad_ragged
 from speculant.sampling.sampler import processed_probs
 from speculant.sampling.tree_acceptance import TreeAcceptResult, accept_tree, accept_tree_greedy
-from speculant.speculative.tree import depths, verify_mask, verify_positions
+from speculant.sampling.tree_shape import depths, verify_mask, verify_positions
 
 
 def verify_tree(engine, batch: Batch, proposal: DraftProposal) -> tuple[StepOutput, StepResult]:

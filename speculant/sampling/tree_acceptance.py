@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from speculant.sampling.rng import PositionNoise, sample_from_weights
-from speculant.speculative.tree import ancestor_table, children
+from speculant.sampling.tree_shape import ancestor_table, children
 
 
 @dataclass

@@ -30,6 +30,7 @@ import torch
 from speculant.attention.batch import SeqInput
 from speculant.core import Batch, DraftProposal, DraftTree, Request, StepResult
 from speculant.executor.plan import TARGET, ForwardPlan, Forwards
+from speculant.sampling import tree_shape
 from speculant.sampling.sampler import SamplingTensors, processed_probs
 from speculant.speculative import tree
 from speculant.speculative.base import ProposerContext
@@ -55,7 +56,7 @@ class EagleProposer(MtpProposer):
         else:
             self.static = tree.static_parents(tree.static_choices(self.depth, self.topk, ctx.speculative.num_draft_tokens))
             self.budget = len(self.static[0])
-            self.num_entries = sum(1 for kids in tree.children(self.static[0])[1:] if kids)
+            self.num_entries = sum(1 for kids in tree_shape.children(self.static[0])[1:] if kids)
         self.auto_budget = shape.auto_budget
         self.chooser: TreeBudget | None = None  # set by `calibrate` with auto_budget
         self.step_budget = self.budget  # nodes of this step's trees (budget, or the chooser's)
@@ -110,7 +111,7 @@ class EagleProposer(MtpProposer):
             seconds = {}
             for t in measure_points(self.budget):
                 chain = [-1] + list(range(t - 2))
-                step = [SeqInput([0] * t, context, table, positions=tree.verify_positions(chain[: t - 1], context), logits="all", tree_mask=tree.verify_mask(chain[: t - 1]))]
+                step = [SeqInput([0] * t, context, table, positions=tree_shape.verify_positions(chain[: t - 1], context), logits="all", tree_mask=tree_shape.verify_mask(chain[: t - 1]))]
                 times = []
                 for _ in range(CALIBRATION_REPEATS):
                     start = time.perf_counter()
@@ -161,7 +162,7 @@ class EagleProposer(MtpProposer):
         all_parents: list[list[int]] = [[] for _ in requests]
         for i, b in enumerate(treed):
             all_parents[b] = parents[i]
-        self._tokens, self._depths = full, [int(tree.depths(p).max(initial=0)) for p in all_parents]
+        self._tokens, self._depths = full, [int(tree_shape.depths(p).max(initial=0)) for p in all_parents]
         self._sizes = [len(p) for p in all_parents]
         if self.chooser is not None:
             self.chooser.record_draft(time.perf_counter() - start, max(self._depths, default=1) - 1)
@@ -230,8 +231,8 @@ class EagleProposer(MtpProposer):
     def _grow_static(self, requests: list[Request]) -> Forwards[tuple[torch.Tensor, list[list[int]], torch.Tensor | None]]:
         """Fixed shape: each node's children are its entry's best tokens (or sampled ones)."""
         parents = self.static[0][: self.step_budget]  # the first b nodes are the tree of budget b
-        kids = tree.children(parents)
-        node_depths = tree.depths(parents)
+        kids = tree_shape.children(parents)
+        node_depths = tree_shape.depths(parents)
         logits, state = self._carried(requests)
         num, n = len(requests), len(parents)
         tokens = torch.full((num, n), -1, dtype=torch.int64, device=logits.device)

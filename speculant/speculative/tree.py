@@ -1,10 +1,11 @@
-"""Draft trees as plain tensors: construction, masks, positions, paths, and the two shapes.
+"""Draft trees as plain tensors: their construction, in two shapes, and sampled siblings.
 
 A tree of one sequence has n nodes in rank order (most likely to be accepted first; a parent
 always before its children, so the first b nodes are the tree of budget b), each a draft token with `parents[i]` the index of its parent node, -1 for the root: the last verified
 token, which is not a node. The target verifies the tree in one forward over n + 1 rows, row 0
 the root and row i + 1 node i; siblings share a RoPE position (`depths`), each row attends to
-the cached prefix and to its own ancestors (`verify_mask`).
+the cached prefix and to its own ancestors (`verify_mask`). Those shape helpers read only the
+parents, and tree acceptance needs them too: they live in `speculant.sampling.tree_shape`.
 
 Two shapes (Li et al. 2024, EAGLE and EAGLE-2):
 - static: fixed child choices (`static_choices`): node (r_1, ..., r_d) is the r_d-th best child
@@ -23,68 +24,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 
 from speculant.sampling.rng import row_exponentials
-
-
-def depths(parents: Sequence[int]) -> np.ndarray:  # [n] int64, 1 for the root's children
-    out = np.zeros(len(parents), dtype=np.int64)
-    for i, p in enumerate(parents):
-        if not -1 <= p < i:
-            raise ValueError(f"tree parents must come before their children (-1 <= parents[i] < i), got parents[{i}] = {p}")
-        out[i] = 1 if p < 0 else out[p] + 1
-    return out
-
-
-def verify_mask(parents: Sequence[int]) -> np.ndarray:  # [n + 1, n + 1] bool
-    """Row 0 the root, row i + 1 node i: each row sees itself, its ancestors and the root."""
-    n = len(parents)
-    depths(parents)  # validates the order
-    mask = np.zeros((n + 1, n + 1), dtype=bool)
-    mask[:, 0] = True
-    mask[0, 0] = True
-    for i, p in enumerate(parents):
-        mask[i + 1] = mask[p + 1]
-        mask[i + 1, i + 1] = True
-    return mask
-
-
-def verify_positions(parents: Sequence[int], root_position: int) -> list[int]:
-    """[n + 1] RoPE positions of the verify rows: the root's, then root + depth."""
-    return [root_position] + (root_position + depths(parents)).tolist()
-
-
-def ancestor_table(parents: Sequence[int], max_depth: int | None = None) -> np.ndarray:  # [n, D] int64
-    """Row i: the root-to-node path of node i (its ancestor at depth d + 1 in column d, node i
-    itself at column depth(i) - 1), -1 past its depth."""
-    d = depths(parents)
-    width = int(d.max(initial=0)) if max_depth is None else max_depth
-    table = np.full((len(parents), width), -1, dtype=np.int64)
-    for i, p in enumerate(parents):
-        if p >= 0:
-            table[i] = table[p]
-        table[i, d[i] - 1] = i
-    return table
-
-
-def retrieve_paths(parents: Sequence[int]) -> np.ndarray:  # [num_leaves, D] int64
-    """The root-to-leaf paths (node indices, -1 padded), leaves in node order."""
-    has_child = np.zeros(len(parents), dtype=bool)
-    for p in parents:
-        if p >= 0:
-            has_child[p] = True
-    return ancestor_table(parents)[~has_child]
-
-
-def children(parents: Sequence[int]) -> list[list[int]]:
-    """[n + 1] children of the root (entry 0) and of each node (entry i + 1), in node order."""
-    out: list[list[int]] = [[] for _ in range(len(parents) + 1)]
-    for i, p in enumerate(parents):
-        out[p + 1].append(i)
-    return out
-
+from speculant.sampling.tree_shape import depths
 
 # ---- static trees ----------------------------------------------------------------------------
 
@@ -192,17 +135,11 @@ def sibling_draft_probs(
 
 
 __all__ = [
-    "ancestor_table",
-    "children",
-    "depths",
     "remap_parents",
     "rerank",
-    "retrieve_paths",
     "sample_without_replacement",
     "sibling_draft_probs",
     "static_choices",
     "static_parents",
     "top_children",
-    "verify_mask",
-    "verify_positions",
 ]

@@ -1,45 +1,11 @@
-"""Draft-tree construction: masks, positions, paths, static shapes, dynamic reranking, sibling laws."""
+"""Draft-tree construction: static shapes, dynamic reranking, sibling laws."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
-from testkit import ancestor_mask
 
 from speculant.speculative import tree
-
-#        root
-#       /  |  \
-#      0   1   2
-#     / \      |
-#    3   4     5
-#    |
-#    6
-PARENTS = [-1, -1, -1, 0, 0, 2, 3]
-
-
-def test_depths_and_positions():
-    assert tree.depths(PARENTS).tolist() == [1, 1, 1, 2, 2, 2, 3]
-    assert tree.verify_positions(PARENTS, 10) == [10, 11, 11, 11, 12, 12, 12, 13]
-
-
-def test_parents_come_first():
-    with pytest.raises(ValueError, match="before their children"):
-        tree.depths([-1, 2, 0])
-
-
-def test_verify_mask_is_the_ancestor_mask_with_the_root():
-    mask = tree.verify_mask(PARENTS)
-    assert np.array_equal(mask, ancestor_mask([-1] + [p + 1 for p in PARENTS]))
-    assert mask[7].tolist() == [True, True, False, False, True, False, False, True]  # node 6: root, 0, 3, itself
-
-
-def test_paths():
-    assert tree.ancestor_table(PARENTS)[6].tolist() == [0, 3, 6]
-    assert tree.ancestor_table(PARENTS)[1].tolist() == [1, -1, -1]
-    assert tree.retrieve_paths(PARENTS).tolist() == [[1, -1, -1], [0, 4, -1], [2, 5, -1], [0, 3, 6]]
-    assert tree.children(PARENTS) == [[0, 1, 2], [3, 4], [], [5], [6], [], [], []]
 
 
 def test_static_choices_are_closed_and_ranked():
