@@ -21,6 +21,7 @@ from speculant.distributed.loading import ShardCheckpoint, head_runner, load_par
 from speculant.distributed.sharding import Shard
 from speculant.executor.executor import Executor
 from speculant.executor.plan import TARGET
+from speculant.utils.tensor_bytes import tensor_bytes
 
 IDLE_TIMEOUT_S = 7 * 24 * 3600.0  # a worker waits this long for the leader's next message
 STARTUP_TIMEOUT_S = 600.0  # for the rendezvous
@@ -51,8 +52,6 @@ def holdings(executor: Executor) -> dict[str, dict[str, int]]:
     """What this rank holds, by model: its own tensors' bytes (a head's shared embedding and
     lm_head count with the target), its K/V bytes, and for the target the elements of its
     sharded weights (q/k/v, o, gate/up, down, embedding, lm_head)."""
-    from speculant.engine.memory import tensor_bytes
-
     out, seen = {}, []
     for name in executor.model_names:
         runner = executor.runner(name)

@@ -17,9 +17,9 @@ from testkit import (
 )
 
 from speculant import SamplingParams
-from speculant.engine.memory import tensor_bytes
 from speculant.executor.plan import TARGET
 from speculant.utils import sync
+from speculant.utils.tensor_bytes import tensor_bytes
 
 GREEDY = greedy_params()
 PROMPTS = MIXED_PROMPTS
