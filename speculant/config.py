@@ -19,21 +19,10 @@ _WEIGHT_MODES = ("auto", "fp32", "bf16", "int8", "int4")
 
 def option(default: Any, help: str = "", **metadata: Any) -> Any:
     """A config field with what `config_options` needs to make it an `LLM` keyword and a CLI flag:
-    `help`, and optionally `name`, `flag`, `cli_scale`, `choices` (see `speculant.config_options`)."""
+    `help`, and optionally `name`, `flag`, `cli_scale`, `choices` (see `speculant.config_options`).
+    A name a registry looks up (`attention_backend`, `speculative`) stays a plain string here: the
+    registries sit above this module, and `config_options` attaches their names as choices."""
     return field(default=default, metadata={"help": help, **metadata})
-
-
-def _speculative_methods() -> list[str]:
-    """The proposer registry's names; imported on call, as the registry imports this module."""
-    from speculant.speculative.registry import available_methods
-
-    return available_methods()
-
-
-def _attention_backends() -> list[str]:
-    from speculant.attention.registry import available_backends
-
-    return ["auto"] + available_backends()
 
 
 @dataclass(frozen=True)
@@ -126,7 +115,7 @@ class ModelConfig:
     model: str = option("smollm2-135m", "registry name, HF folder or .gguf file")
     dtype: str = option("float32", "the model's weights and activations", choices=tuple(_DTYPES))
     device: str = option("cpu", "torch device, e.g. cpu or cuda:0")
-    attention_backend: str = option("auto", "auto: flashinfer on CUDA in fp16/bf16 when installed", choices=_attention_backends)
+    attention_backend: str = option("auto", "auto: flashinfer on CUDA in fp16/bf16 when installed")
     seed: int = option(0, "engine seed for requests without their own")
     weights: str = option(
         "fp32",
@@ -277,7 +266,7 @@ class SpeculativeConfig:
     """Speculative decoding. `method` names a proposer in `speculant.speculative` ("none" disables
     it); each method's own settings live in its nested config."""
 
-    method: str = option("none", "speculative method (none disables it)", name="speculative", choices=_speculative_methods)
+    method: str = option("none", "speculative method (none disables it)", name="speculative")
     num_draft_tokens: int = option(4, "k: tokens proposed per sequence per step (requests may override it)")
     adaptive_k: bool = option(
         True,

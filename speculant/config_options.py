@@ -12,6 +12,9 @@ the names of the configs it is nested in below a section (`speculative.draft.mod
 - `choices`: the allowed values, a tuple or a function returning them (called only when needed,
   so listing proposers imports none of them).
 
+Names a registry looks up (the attention backend, the speculative method) are plain strings in
+the config, which sits below the registries; their choices are attached here (`REGISTRY_CHOICES`).
+
 A new field becomes a keyword and a flag with no change here.
 """
 
@@ -28,10 +31,23 @@ from dataclasses import dataclass
 from types import UnionType
 from typing import Any
 
-from speculant.config import EngineConfig
+from speculant.attention.registry import available_backends
+from speculant.config import EngineConfig, ModelConfig, SpeculativeConfig
+from speculant.speculative.registry import available_methods
 
 _SCALARS = (bool, int, float, str)
 _PARSE_ORDER = (int, float, str)  # "3" is an int before it is a float or a string
+
+
+def _attention_backends() -> list[str]:
+    return ["auto", *available_backends()]
+
+
+# (config class, field name) -> the registry's names, asked only when the choices are needed
+REGISTRY_CHOICES: dict[tuple[type, str], Callable[[], list[str]]] = {
+    (ModelConfig, "attention_backend"): _attention_backends,
+    (SpeculativeConfig, "method"): available_methods,
+}
 
 
 @dataclass(frozen=True)
@@ -112,10 +128,10 @@ def _walk(cls: type, default: Any, path: tuple[str, ...], prefix: tuple[str, ...
             # sections (the root's fields) add no prefix; deeper configs add their name
             yield from _walk(hint, value, path + (f.name,), prefix + (f.name,) if path else ())
         else:
-            yield _option(f, hint, value, path + (f.name,), prefix)
+            yield _option(cls, f, hint, value, path + (f.name,), prefix)
 
 
-def _option(f: dataclasses.Field, hint: Any, default: Any, path: tuple[str, ...], prefix: tuple[str, ...]) -> Option:
+def _option(cls: type, f: dataclasses.Field, hint: Any, default: Any, path: tuple[str, ...], prefix: tuple[str, ...]) -> Option:
     meta: Mapping[str, Any] = f.metadata
     types, choices = _types_of(hint, path)
     name = meta.get("name", "_".join(prefix + (f.name,)))
@@ -128,7 +144,7 @@ def _option(f: dataclasses.Field, hint: Any, default: Any, path: tuple[str, ...]
         default=default,
         help=meta.get("help", ""),
         cli_scale=meta.get("cli_scale", 1),
-        choices_from=meta.get("choices", choices),
+        choices_from=meta.get("choices", REGISTRY_CHOICES.get((cls, f.name), choices)),
     )
 
 
