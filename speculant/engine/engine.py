@@ -33,7 +33,8 @@ from speculant.engine.timeline import Timeline
 from speculant.engine.token_pool import TokenPool
 from speculant.engine.tree_verify import verify_tree
 from speculant.engine.worker import StepWorker
-from speculant.executor.executor import create_executor
+from speculant.executor.executor import Executor
+from speculant.executor.loading import load_target
 from speculant.kv_cache.allocator import PageAllocator, PageTables
 from speculant.sampling.params import SamplingParams
 from speculant.sampling.rng import PositionNoise
@@ -284,3 +285,16 @@ def _stop_token_ids(tokenizer, arch) -> frozenset[int]:
         vocab = tokenizer.get_vocab()
         ids |= {vocab[t] for t in ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>") if t in vocab}
     return frozenset(ids)
+
+
+def create_executor(config: EngineConfig, checkpoint=None) -> tuple[Executor, object]:
+    """(executor, tokenizer) for the engine: one rank, or the leader of a tensor-parallel group
+    (`speculant.distributed`) when `tensor_parallel_size` > 1. It lives above both executors,
+    so the base executor never imports its subclass."""
+    if config.parallel.tensor_parallel_size > 1:
+        from speculant.distributed.leader import TensorParallelExecutor
+
+        executor = TensorParallelExecutor(config, checkpoint)
+        return executor, executor.tokenizer
+    target, tokenizer, target_sha256 = load_target(config, checkpoint)
+    return Executor(target, target_sha256), tokenizer

@@ -14,13 +14,8 @@ import contextlib
 from collections.abc import Callable
 
 from speculant.attention.batch import ForwardBatch, build_forward_batch
-from speculant.config import ArchConfig, EngineConfig
-from speculant.executor.loading import (
-    build_head_runner,
-    build_runner,
-    load_checkpoint_for,
-    load_target,
-)
+from speculant.config import ArchConfig
+from speculant.executor.loading import build_head_runner, build_runner, load_checkpoint_for
 from speculant.executor.model_runner import ModelRunner
 from speculant.executor.plan import TARGET, ForwardPlan, ForwardResult, Forwards, ModelSpec, T
 
@@ -141,14 +136,3 @@ class Executor:
     def close(self) -> None:
         """Release what outlives the process's objects (tensor-parallel workers); idempotent."""
 
-
-def create_executor(config: EngineConfig, checkpoint=None) -> tuple[Executor, object]:
-    """(executor, tokenizer) for the engine: one rank, or the leader of a tensor-parallel group
-    (`speculant.distributed`) when `tensor_parallel_size` > 1."""
-    if config.parallel.tensor_parallel_size > 1:
-        from speculant.distributed.leader import TensorParallelExecutor
-
-        executor = TensorParallelExecutor(config, checkpoint)
-        return executor, executor.tokenizer
-    target, tokenizer, target_sha256 = load_target(config, checkpoint)
-    return Executor(target, target_sha256), tokenizer
