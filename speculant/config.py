@@ -118,8 +118,8 @@ class ModelConfig:
     attention_backend: str = option("auto", "auto: flashinfer on CUDA in fp16/bf16 when installed")
     seed: int = option(0, "engine seed for requests without their own")
     weights: str = option(
-        "fp32",
-        "linear weights: fp32 dense in dtype (the exact reference), bf16 dense, int8/int4 quantized on load, auto keeps a quantized GGUF quantized",
+        "auto",
+        "linear weights: auto keeps a quantized GGUF quantized (float checkpoints stay in dtype), fp32 dense in dtype (the reference), bf16 dense, int8/int4 quantized on load",
         choices=_WEIGHT_MODES,
     )
 
@@ -266,7 +266,7 @@ class SpeculativeConfig:
     """Speculative decoding. `method` names a proposer in `speculant.speculative` ("none" disables
     it); each method's own settings live in its nested config."""
 
-    method: str = option("none", "speculative method (none disables it)", name="speculative")
+    method: str = option("ngram", "speculative method (none disables it); with adaptive_k it drafts only where that pays", name="speculative")
     num_draft_tokens: int = option(4, "k: tokens proposed per sequence per step (requests may override it)")
     adaptive_k: bool = option(
         True,

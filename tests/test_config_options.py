@@ -223,3 +223,13 @@ def test_an_unsupported_field_type_or_a_name_clash_is_reported():
         engine_options(ListyTree)
     with pytest.raises(TypeError, match="clash.inner_depth and clash.inner.depth"):
         engine_options(ClashTree)
+
+
+def test_defaults_are_the_fast_exact_path():
+    """`LLM()`, the CLI and the server default to quantized GGUF weights kept quantized and n-gram
+    speculation with adaptive k (exact in every weight mode on the native kernels)."""
+    from speculant.config import EngineConfig
+
+    config = EngineConfig()
+    assert config.model.weights == "auto"
+    assert config.speculative.method == "ngram" and config.speculative.adaptive_k

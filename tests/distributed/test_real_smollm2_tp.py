@@ -20,7 +20,7 @@ pytestmark = pytest.mark.real_model
 TIE_GAP = 1e-2
 PARAMS = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 QUESTIONS = ["What is the capital of France?", "Write a haiku about autumn rain.", "Explain recursion to a child."]
-OPTIONS = dict(page_size=4, max_num_batched_tokens=2048)
+OPTIONS = dict(weights="fp32", speculative="none", page_size=4, max_num_batched_tokens=2048)
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def test_logits_and_greedy_tokens_equal_one_rank(engines):
 def test_shipped_mtp_head_over_two_ranks_is_lossless(engines):
     _, two, prompts = engines
     plain = [o.token_ids for o in two.generate(prompts, PARAMS)]
-    mtp = LLM(model="smollm2-135m", speculative="mtp", num_draft_tokens=3, adaptive_k=False, tensor_parallel_size=2, **OPTIONS)
+    mtp = LLM(model="smollm2-135m", **{**OPTIONS, "speculative": "mtp"}, num_draft_tokens=3, adaptive_k=False, tensor_parallel_size=2)
     try:
         assert [o.token_ids for o in mtp.generate(prompts, PARAMS)] == plain
         assert mtp.stats()["accepted_tokens"] > 0
@@ -67,7 +67,8 @@ def test_torchrun_ranks_generate_what_one_rank_does(engines):
         port = s.getsockname()[1]
     prompt = "The capital of France is"
     (one,) = engines[0].generate([prompt], SamplingParams(max_tokens=8, temperature=0))
-    args = ["generate", "--model", "smollm2-135m", "--prompt", prompt, "--max-tokens", "8", "--temperature", "0", "--tensor-parallel-size", "2"]
+    args = ["generate", "--model", "smollm2-135m", "--prompt", prompt, "--max-tokens", "8", "--temperature", "0", "--tensor-parallel-size", "2",
+            "--weights", "fp32", "--speculative", "none"]
     run = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port), "-m", "speculant.cli"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     two = subprocess.run([*run, *args], capture_output=True, text=True, env=env, timeout=300)

@@ -31,7 +31,7 @@ def setup():
 
     checkpoint = load_checkpoint("smollm2-135m")
     hf = hf_twin(checkpoint)
-    llm = LLM(model="smollm2-135m", checkpoint=checkpoint, page_size=4, max_num_batched_tokens=2048)
+    llm = LLM(model="smollm2-135m", checkpoint=checkpoint, weights="fp32", speculative="none", page_size=4, max_num_batched_tokens=2048)
     prompts = [llm.apply_chat_template([{"role": "user", "content": p}]) for p in _chat_prompts(6)]
     prompts.append(llm.tokenizer.encode("The capital of France is"))
     return llm, hf, prompts
@@ -86,6 +86,6 @@ def test_shipped_mtp_head_is_found_and_lossless(setup):
     llm, _, prompts = setup
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
     plain = [o.token_ids for o in llm.generate(prompts, params)]
-    mtp = LLM(model="smollm2-135m", speculative="mtp", num_draft_tokens=3, adaptive_k=False, page_size=4, max_num_batched_tokens=2048)
+    mtp = LLM(model="smollm2-135m", weights="fp32", speculative="mtp", num_draft_tokens=3, adaptive_k=False, page_size=4, max_num_batched_tokens=2048)
     assert [o.token_ids for o in mtp.generate(prompts, params)] == plain
     assert mtp.stats()["accepted_tokens"] > 0

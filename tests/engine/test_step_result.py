@@ -66,7 +66,7 @@ def test_speculative_step_results(target):
 
 
 def test_plain_step_results(target):
-    steps = recorded_steps(tiny_llm(target, max_num_batched_tokens=16))
+    steps = recorded_steps(tiny_llm(target, speculative="none", max_num_batched_tokens=16))
     assert any(-1 in s.bonus_token_ids.tolist() for s, _ in steps)  # a prefill chunk sampled nothing
     for step, _ in steps:
         assert not step.speculative and step.num_accepted.tolist() == [0] * len(step.requests)

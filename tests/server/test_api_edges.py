@@ -11,6 +11,8 @@ import torch
 from server_helpers import CONTEXT, MODEL, engine_config, serve
 from testkit import TinyCheckpoint
 
+from speculant.config import SpeculativeConfig
+
 C, X = "/v1/completions", "/v1/chat/completions"
 USER = [{"role": "user", "content": "Say something."}]
 
@@ -117,7 +119,8 @@ def scripted(tiny_checkpoint, smol_tokenizer, monkeypatch):
         return torch.tensor([next(ids) for _ in range(logits.shape[0])])
 
     monkeypatch.setattr(sample_step_module, "sample_logits", scripted_sample)
-    with serve(tiny_checkpoint, engine_config()) as running, httpx.Client(base_url=running.url, timeout=60) as client:
+    plain = engine_config(SpeculativeConfig(method="none"))  # the script replaces plain decoding's sampler
+    with serve(tiny_checkpoint, plain) as running, httpx.Client(base_url=running.url, timeout=60) as client:
         yield client
 
 
