@@ -12,6 +12,7 @@ import torch
 
 from speculant.config import ArchConfig, MlaConfig, MoeConfig
 from speculant.loader.errors import CheckpointError
+from speculant.loader.files import open_safetensors, read_json
 
 _SCALE = "_scale_inv"
 _FP32 = ("mlp.gate.weight", "mlp.gate.e_score_correction_bias")  # the router stays in float32
@@ -55,9 +56,7 @@ def load_deepseek_weights(
     folder: pathlib.Path, files: dict[str, pathlib.Path], arch: ArchConfig, dtype: torch.dtype
 ) -> dict[str, torch.Tensor]:
     """Every tensor of the model's layers and of its first MTP module, read one shard at a time."""
-    from speculant.loader.hf_loader import _open, _read_json
-
-    block = tuple(_read_json(folder / "config.json").get("quantization_config", {}).get("weight_block_size", (128, 128)))
+    block = tuple(read_json(folder / "config.json").get("quantization_config", {}).get("weight_block_size", (128, 128)))
     wanted = [n for n in files if _wanted(n, arch)]
     _check_present(wanted, arch, folder)
     by_file: dict[pathlib.Path, list[str]] = {}
@@ -65,7 +64,7 @@ def load_deepseek_weights(
         by_file.setdefault(files[name], []).append(name)
     weights: dict[str, torch.Tensor] = {}
     for path, names in by_file.items():
-        with _open(path) as f:
+        with open_safetensors(path) as f:
             for name in names:
                 tensor = f.get_tensor(name)
                 if name + _SCALE in files:
@@ -92,9 +91,7 @@ def _check_present(names: list[str], arch: ArchConfig, folder: pathlib.Path) -> 
 
 
 def _read_one(path: pathlib.Path, name: str) -> torch.Tensor:
-    from speculant.loader.hf_loader import _open
-
-    with _open(path) as f:
+    with open_safetensors(path) as f:
         return f.get_tensor(name)
 
 

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import pathlib
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError
 
 from speculant.config import ArchConfig, RopeScaling
 from speculant.loader.errors import CheckpointError
+from speculant.loader.files import open_safetensors, read_json
 from speculant.loader.validate import check_shapes
 
 _FAMILIES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "deepseek_v3": "deepseek_v3"}
@@ -20,7 +20,7 @@ _INDEX = "model.safetensors.index.json"
 
 
 def load_hf_config(folder: pathlib.Path) -> ArchConfig:
-    return arch_from_hf_config(_read_json(folder / "config.json"), folder)
+    return arch_from_hf_config(read_json(folder / "config.json"), folder)
 
 
 def arch_from_hf_config(config: dict[str, Any], folder: pathlib.Path = pathlib.Path(".")) -> ArchConfig:
@@ -134,7 +134,7 @@ def load_hf_weights(
 
 def _weight_files(folder: pathlib.Path) -> dict[str, pathlib.Path]:
     if (folder / _INDEX).exists():
-        weight_map = _read_json(folder / _INDEX).get("weight_map", {})
+        weight_map = read_json(folder / _INDEX).get("weight_map", {})
         return {name: folder / shard for name, shard in weight_map.items()}
     single = sorted(folder.glob("*.safetensors"))
     if not single:
@@ -149,21 +149,12 @@ def _weight_files(folder: pathlib.Path) -> dict[str, pathlib.Path]:
         raise CheckpointError(
             folder, f"several safetensors files {[p.name for p in single]} but no {_INDEX}"
         )
-    with _open(single[0]) as f:
+    with open_safetensors(single[0]) as f:
         return {name: single[0] for name in f.keys()}
 
 
-def _open(path: pathlib.Path):
-    if not path.exists():
-        raise CheckpointError(path, "no such file")
-    try:
-        return safe_open(path, framework="pt")
-    except (SafetensorError, OSError) as exc:
-        raise CheckpointError(path, f"corrupt safetensors file ({exc})") from None
-
-
 def _shapes(path: pathlib.Path, names: list[str]) -> dict[str, tuple[int, ...]]:
-    with _open(path) as f:
+    with open_safetensors(path) as f:
         present = set(f.keys())
         for name in names:
             if name not in present:
@@ -174,7 +165,7 @@ def _shapes(path: pathlib.Path, names: list[str]) -> dict[str, tuple[int, ...]]:
 def _read_tensors(
     path: pathlib.Path, names: list[str], dtype: torch.dtype, slices=None
 ) -> dict[str, torch.Tensor]:
-    with _open(path) as f:
+    with open_safetensors(path) as f:
         try:
             return {name: _read(f, name, slices(name) if slices else None).to(dtype) for name in names}
         except (SafetensorError, OSError, RuntimeError) as exc:
@@ -186,12 +177,3 @@ def _read(f, name: str, part: tuple[int, int, int] | None) -> torch.Tensor:
         return f.get_tensor(name)
     dim, start, stop = part
     return f.get_slice(name)[(slice(None),) * dim + (slice(start, stop),)]
-
-
-def _read_json(path: pathlib.Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(path, "no such file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(path, f"invalid JSON ({exc})") from None
