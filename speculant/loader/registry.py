@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from tqdm import tqdm
 
 from speculant.loader.errors import CheckpointError
+from speculant.utils.paths import cache_dir
 
 _CHUNK = 8 << 20  # bytes copied and hashed per read
 
@@ -83,11 +84,6 @@ KNOWN_MODELS: dict[str, KnownModel] = {
         ),
     )
 }
-
-
-def cache_dir() -> pathlib.Path:
-    root = os.environ.get("SPECULANT_CACHE")
-    return pathlib.Path(root) if root else pathlib.Path.home() / ".cache" / "speculant"
 
 
 def _looks_like_path(model: str) -> bool:

@@ -23,6 +23,7 @@ from speculant.executor.plan import TARGET, ForwardPlan, Forwards
 from speculant.kv_cache.allocator import PageTables
 from speculant.layers.autotune import cpu_name
 from speculant.utils.json_cache import read_json, write_json
+from speculant.utils.paths import cache_dir
 
 SHORT_CONTEXT, LONG_CONTEXT = 64, 512  # tokens of context per sequence
 BATCHES = (8, 32)  # sequences of the batched points (at most the scheduler's max_num_seqs)
@@ -112,8 +113,6 @@ def save_cached(key: str, samples: Sequence[Sample]) -> None:
 
 
 def _path():
-    from speculant.loader.registry import cache_dir
-
     return cache_dir() / "step_cost.json"
 
 
