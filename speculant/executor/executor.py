@@ -50,7 +50,9 @@ class Executor:
     def _head_runner(self, spec: ModelSpec) -> ModelRunner:
         base = self._runner(spec.head_of)
         if spec.own_head:  # the checkpoint's own MTP layer: trained with it, nothing to check
-            return build_head_runner(base.model.own_head(), base, spec.config)
+            from speculant.loader.head_file import own_mtp_head
+
+            return build_head_runner(own_mtp_head(base.model.own_head_weights(), base.arch.hidden_size), base, spec.config)
         return build_head_runner(self._checked_head(spec, base), base, spec.config)
 
     def _checked_head(self, spec: ModelSpec, base: ModelRunner):

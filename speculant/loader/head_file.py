@@ -81,6 +81,13 @@ def check_target(config: HeadFileConfig, expect_sha256: str, where) -> None:
         )
 
 
+def own_mtp_head(weights: dict[str, torch.Tensor], hidden_size: int) -> HeadCheckpoint:
+    """A checkpoint's own MTP module (`model.layers.N.*` tensors) as a head; trained with its
+    target, it records no target to check."""
+    config = HeadFileConfig("normed", "the checkpoint's own MTP layer", "", hidden_size)
+    return HeadCheckpoint(config, mtp_head_weights(weights))
+
+
 def mtp_head_weights(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A DeepSeek-V3 MTP module's tensors (`model.layers.N.*`) under head names, shared ones dropped."""
     named = {_canonical(k): v for k, v in weights.items()}

@@ -43,9 +43,9 @@ class CausalLM(ABC):
         whose block is this family's layer (DeepSeek-V3's MTP module); None: a Llama block."""
         return None
 
-    def own_head(self) -> Any:
-        """The checkpoint's own MTP layer as a `HeadCheckpoint` (DeepSeek-V3), for MTP speculation
-        without a head folder."""
+    def own_head_weights(self) -> dict[str, torch.Tensor]:
+        """The checkpoint's own MTP layer's tensors under their checkpoint names (DeepSeek-V3),
+        for MTP speculation without a head folder (`speculant.loader.head_file.own_mtp_head`)."""
         raise ValueError(f"the {self.arch.family} checkpoint has no MTP layer of its own; pass head=PATH")
 
     @abstractmethod

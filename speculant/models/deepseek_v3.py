@@ -128,15 +128,12 @@ class DeepseekV3ForCausalLM(CausalLM):
 
         return block
 
-    def own_head(self):
-        from speculant.loader.head_file import HeadCheckpoint, HeadFileConfig, mtp_head_weights
-
+    def own_head_weights(self) -> dict[str, torch.Tensor]:
         if not self.mtp_weights:
             raise ValueError(
                 f"the checkpoint has no MTP layer (no model.layers.{self.arch.num_layers}.* tensors); pass head=PATH"
             )
-        config = HeadFileConfig("normed", "the checkpoint's own MTP layer", "", self.arch.hidden_size)
-        return HeadCheckpoint(config, mtp_head_weights(self.mtp_weights))
+        return self.mtp_weights
 
 
 # ---- one layer, as functions (the model, its MTP block and head training share them) -----------
