@@ -17,18 +17,6 @@ namespace speculant {
 
 namespace {
 
-inline float widen(float v) { return v; }
-inline float widen(uint16_t v) { return bf16_to_float(v); }
-SPECULANT_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-SPECULANT_AVX2 inline __m256 load8(const uint16_t* p) { return load_bf16_avx2(p); }
-
-template <typename C>
-float dot_scalar(const float* q, const C* k, int64_t d) {
-  float acc = 0.f;
-  for (int64_t i = 0; i < d; ++i) acc = std::fma(q[i], widen(k[i]), acc);
-  return acc;
-}
-
 template <typename C>
 SPECULANT_AVX2 float dot_avx2(const float* q, const C* k, int64_t d) {
   __m256 a0 = _mm256_setzero_ps(), a1 = a0;

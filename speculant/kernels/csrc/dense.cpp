@@ -15,19 +15,6 @@ namespace speculant {
 
 namespace {
 
-inline float widen(float v) { return v; }
-inline float widen(uint16_t v) { return bf16_to_float(v); }
-
-SPECULANT_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-SPECULANT_AVX2 inline __m256 load8(const uint16_t* p) { return load_bf16_avx2(p); }
-
-template <typename W>
-float dot_scalar(const float* x, const W* w, int64_t k) {
-  float acc = 0.f;
-  for (int64_t i = 0; i < k; ++i) acc = std::fma(x[i], widen(w[i]), acc);
-  return acc;
-}
-
 // R weight rows x C activation rows; every pair keeps its own four accumulators and runs the
 // operations a lone pair would, so the tile shape changes speed, never a result.
 template <int R, int C, typename W>

@@ -2,6 +2,9 @@
 #pragma once
 #include <immintrin.h>
 
+#include <cmath>
+#include <cstdint>
+
 #define SPECULANT_AVX2 __attribute__((target("avx2,fma,f16c")))
 
 namespace speculant {
@@ -25,6 +28,20 @@ inline float bf16_to_float(uint16_t v) {
   float f;
   __builtin_memcpy(&f, &bits, 4);
   return f;
+}
+
+// float32 or bfloat16 storage read as float32: one value, or 8 lanes
+inline float widen(float v) { return v; }
+inline float widen(uint16_t v) { return bf16_to_float(v); }
+SPECULANT_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+SPECULANT_AVX2 inline __m256 load8(const uint16_t* p) { return load_bf16_avx2(p); }
+
+// The portable path's dot product: one FMA per element, in order.
+template <typename W>
+float dot_scalar(const float* x, const W* w, int64_t n) {
+  float acc = 0.f;
+  for (int64_t i = 0; i < n; ++i) acc = std::fma(x[i], widen(w[i]), acc);
+  return acc;
 }
 
 }  // namespace speculant
