@@ -7,7 +7,7 @@ On a CPU every layer runs on the native kernels (`speculant.kernels`) when they 
 output, and each output row computed by one fixed sequence of operations whatever the row count,
 so a (k+1)-row verification, a prefill chunk or a batch computes each row bit for bit as a
 one-row step does (batch invariance). Quantized weights take activations quantized per 32-value
-block to int8 (llama.cpp's scheme for Q4/Q8 weights); float weights accumulate in float32.
+block to int16 (exact integer dot products per block); float weights accumulate in float32.
 Where the native kernels are not built (`SPECULANT_NATIVE=0`, no compiler), the pure-torch kernels
 below serve, fast but row-dependent (the per-bucket choice, oneDNN, bf16 outputs).
 

@@ -40,9 +40,9 @@ def _dense(dtype):
 
 
 def _quantized_rows(x: torch.Tensor) -> torch.Tensor:
-    """x rounded as the kernels round activations: int8 per 32-value block, scale amax / 127."""
+    """x rounded as the kernels round activations: int16 per 32-value block, scale amax / 32767."""
     blocks = x.view(x.shape[0], -1, 32)
-    scale = blocks.abs().amax(-1, keepdim=True) / 127
+    scale = blocks.abs().amax(-1, keepdim=True) / 32767
     return (torch.round(blocks / torch.where(scale > 0, scale, 1)) * scale).view_as(x)
 
 

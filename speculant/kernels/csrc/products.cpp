@@ -4,8 +4,9 @@
 // number of rows T, the thread count or how rows and weights are tiled, so a row of a T-row
 // product is bit for bit that row alone (what makes a (k+1)-row verification compute what k+1
 // one-row steps compute). Quantized weights take activations quantized per 32-value block to
-// int8 (as ggml's Q8_0): the block's integer dot product is exact, then scaled and summed in
-// block order. Two paths: AVX2+FMA and portable scalar; each is row-invariant on its own.
+// int16 (scale max|x| / 32767): the block's integer dot product is exact, then scaled and summed
+// in block order. (int8 activations, ggml's Q8_0 scheme, lost too much on small models whose
+// hidden states carry outlier channels: smollm2-135m stopped answering simple questions.) Two paths: AVX2+FMA and portable scalar; each is row-invariant on its own.
 #include <ATen/Parallel.h>
 #include <ATen/ATen.h>
 
@@ -24,17 +25,17 @@ constexpr int64_t QK = 32;  // activations per quantization block (= the int4 gr
 
 // ---- activation quantization (one implementation for both paths) ----------------------------
 
-void quantize_row(const float* x, int64_t k, int8_t* q, float* scale, float* sum) {
+void quantize_row(const float* x, int64_t k, int16_t* q, float* scale, float* sum) {
   for (int64_t b = 0; b < k / QK; ++b) {
     const float* xb = x + b * QK;
     float amax = 0.f;
     for (int i = 0; i < QK; ++i) amax = std::fmax(amax, std::fabs(xb[i]));
-    const float d = amax / 127.f;
+    const float d = amax / 32767.f;
     const float id = d > 0.f ? 1.f / d : 0.f;
     int32_t s = 0;
     for (int i = 0; i < QK; ++i) {
       const int v = static_cast<int>(std::nearbyint(xb[i] * id));
-      q[b * QK + i] = static_cast<int8_t>(v);
+      q[b * QK + i] = static_cast<int16_t>(v);
       s += v;
     }
     scale[b] = d;
@@ -43,15 +44,15 @@ void quantize_row(const float* x, int64_t k, int8_t* q, float* scale, float* sum
 }
 
 struct QuantRows {
-  at::Tensor q, scale, sum;  // [T, K] int8, [T, K/32] f32, [T, K/32] f32 (scale * sum(q))
+  at::Tensor q, scale, sum;  // [T, K] int16, [T, K/32] f32, [T, K/32] f32 (scale * sum(q))
 };
 
 QuantRows quantize_rows(const at::Tensor& x) {
   const int64_t rows = x.size(0), k = x.size(1);
-  QuantRows r{at::empty({rows, k}, x.options().dtype(at::kChar)),
+  QuantRows r{at::empty({rows, k}, x.options().dtype(at::kShort)),
               at::empty({rows, k / QK}, x.options()), at::empty({rows, k / QK}, x.options())};
   const float* xp = x.data_ptr<float>();
-  int8_t* qp = r.q.data_ptr<int8_t>();
+  int16_t* qp = r.q.data_ptr<int16_t>();
   float *sp = r.scale.data_ptr<float>(), *up = r.sum.data_ptr<float>();
   at::parallel_for(0, rows, 16, [&](int64_t a, int64_t e) {
     for (int64_t t = a; t < e; ++t) quantize_row(xp + t * k, k, qp + t * k, sp + t * (k / QK), up + t * (k / QK));
@@ -62,7 +63,7 @@ QuantRows quantize_rows(const at::Tensor& x) {
 // ---- int4 groups: w = d * q + m per 32-weight block, q in 0..15 packed two per byte ------------
 // byte j of a block holds q[j] (low nibble) and q[j + 16] (high nibble).
 
-float q4_dot_scalar(const uint8_t* w, const float* d, const float* m, const int8_t* x, const float* xs,
+float q4_dot_scalar(const uint8_t* w, const float* d, const float* m, const int16_t* x, const float* xs,
                     const float* xsum, int64_t nb) {
   float acc = 0.f, accm = 0.f;
   for (int64_t b = 0; b < nb; ++b) {
@@ -81,23 +82,25 @@ float q4_dot_scalar(const uint8_t* w, const float* d, const float* m, const int8
 // operations a lone pair would (blocks in order, one FMA into its own accumulator per block), so
 // the tile shape changes speed, never a result.
 template <int R, int C>
-SPECULANT_AVX2 void q4_tile_avx2(const uint8_t* w, const float* d, const float* m, const int8_t* x, const float* xs,
+SPECULANT_AVX2 void q4_tile_avx2(const uint8_t* w, const float* d, const float* m, const int16_t* x, const float* xs,
                                  const float* xsum, int64_t nb, int64_t k, float* y, int64_t n_out) {
-  const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+  const __m128i low = _mm_set1_epi8(15);
   __m256 acc[R][C];
   float accm[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps(), accm[r][c] = 0.f;
   for (int64_t b = 0; b < nb; ++b) {
-    __m256i q[R];
+    __m256i qa[R], qb[R];  // values 0..15 as int16: the block's first and second 16
     for (int r = 0; r < R; ++r) {
       const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + (r * nb + b) * 16));
-      q[r] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), low);
+      qa[r] = _mm256_cvtepu8_epi16(_mm_and_si128(packed, low));
+      qb[r] = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), low));
     }
     for (int c = 0; c < C; ++c) {
-      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + c * k + b * QK));
+      const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + c * k + b * QK));
+      const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + c * k + b * QK + 16));
       for (int r = 0; r < R; ++r) {
-        const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(q[r], xv), ones);  // 8 x int32
+        const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(qa[r], xa), _mm256_madd_epi16(qb[r], xb));  // 8 x int32
         acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(d[r * nb + b] * xs[c * nb + b]), _mm256_cvtepi32_ps(s), acc[r][c]);
         accm[r][c] = std::fma(m[r * nb + b], xsum[c * nb + b], accm[r][c]);
       }
@@ -109,7 +112,7 @@ SPECULANT_AVX2 void q4_tile_avx2(const uint8_t* w, const float* d, const float* 
 
 // ---- int8 rows: w = scale[n] * q ------------------------------------------------------------------
 
-float q8_dot_scalar(const int8_t* w, const int8_t* x, const float* xs, int64_t nb) {
+float q8_dot_scalar(const int8_t* w, const int16_t* x, const float* xs, int64_t nb) {
   float acc = 0.f;
   for (int64_t b = 0; b < nb; ++b) {
     int32_t s = 0;
@@ -120,22 +123,23 @@ float q8_dot_scalar(const int8_t* w, const int8_t* x, const float* xs, int64_t n
 }
 
 template <int R, int C>
-SPECULANT_AVX2 void q8_tile_avx2(const int8_t* w, const float* scale, const int8_t* x, const float* xs, int64_t nb,
+SPECULANT_AVX2 void q8_tile_avx2(const int8_t* w, const float* scale, const int16_t* x, const float* xs, int64_t nb,
                                  int64_t k, float* y, int64_t n_out) {
-  const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    __m256i wv[R];
-    for (int r = 0; r < R; ++r) wv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * k + b * QK));
+    __m256i wa[R], wb[R];  // the block's weights as int16: first and second 16
+    for (int r = 0; r < R; ++r) {
+      wa[r] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + r * k + b * QK)));
+      wb[r] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + r * k + b * QK + 16)));
+    }
     for (int c = 0; c < C; ++c) {
-      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + c * k + b * QK));
-      const __m256i ax = _mm256_sign_epi8(xv, xv);
+      const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + c * k + b * QK));
+      const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + c * k + b * QK + 16));
       for (int r = 0; r < R; ++r) {
-        // |x| * (w with x's sign): maddubs wants one unsigned operand (ggml's trick)
-        const __m256i p = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(wv[r], xv));
-        acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(xs[c * nb + b]), _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), acc[r][c]);
+        const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(wa[r], xa), _mm256_madd_epi16(wb[r], xb));  // 8 x int32
+        acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(xs[c * nb + b]), _mm256_cvtepi32_ps(s), acc[r][c]);
       }
     }
   }
@@ -190,7 +194,7 @@ at::Tensor int4_linear(at::Tensor x, at::Tensor packed, at::Tensor d, at::Tensor
   auto y = at::empty({x.size(0), n_out}, x.options());
   const uint8_t* w = packed.data_ptr<uint8_t>();
   const float *dp = d.data_ptr<float>(), *mp = m.data_ptr<float>();
-  const int8_t* q = xq.q.data_ptr<int8_t>();
+  const int16_t* q = xq.q.data_ptr<int16_t>();
   const float *xs = xq.scale.data_ptr<float>(), *xsum = xq.sum.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   if (!avx2) {
@@ -217,7 +221,8 @@ at::Tensor int8_linear(at::Tensor x, at::Tensor wq, at::Tensor scale, bool avx2)
   check_rows(x, k);
   const QuantRows xq = quantize_rows(x);
   auto y = at::empty({x.size(0), n_out}, x.options());
-  const int8_t *w = wq.data_ptr<int8_t>(), *q = xq.q.data_ptr<int8_t>();
+  const int8_t* w = wq.data_ptr<int8_t>();
+  const int16_t* q = xq.q.data_ptr<int16_t>();
   const float *sp = scale.data_ptr<float>(), *xs = xq.scale.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   if (!avx2) {
