@@ -89,3 +89,11 @@ def test_shipped_mtp_head_is_found_and_lossless(setup):
     mtp = LLM(model="smollm2-135m", weights="fp32", speculative="mtp", num_draft_tokens=3, adaptive_k=False, page_size=4, max_num_batched_tokens=2048)
     assert [o.token_ids for o in mtp.generate(prompts, params)] == plain
     assert mtp.stats()["accepted_tokens"] > 0
+
+
+def test_the_default_weight_mode_keeps_the_answer():
+    """weights="auto" (the Q4_1 blocks on the native kernels, activations in int16 blocks) answers
+    as fp32 does; int8 activation blocks lost this answer to the model's outlier channels."""
+    llm = LLM(model="smollm2-135m", weights="auto", speculative="none", kv_cache_bytes=64 << 20)
+    (out,) = llm.chat([{"role": "user", "content": "What is the capital of France?"}], SamplingParams(max_tokens=24, temperature=0))
+    assert "Paris" in out.text
