@@ -55,6 +55,12 @@ def _load():
     tag = digest.hexdigest()[:12]
     build = cache_dir() / "native" / tag
     build.mkdir(parents=True, exist_ok=True)
+    built = build / f"speculant_native_{tag}.so"
+    if built.exists():  # built before: import it without the builder's lock (a killed build leaves
+        try:  # one behind, and every later process would wait on it); a broken file is rebuilt
+            return _import(f"speculant_native_{tag}", built)
+        except ImportError:
+            built.unlink()
     try:
         from torch.utils.cpp_extension import load
 
@@ -69,6 +75,15 @@ def _load():
     except Exception as exc:  # no compiler, no ninja, a failed build: the torch kernels serve
         log.warning("native kernels unavailable (%s: %s); using the pure-torch kernels", type(exc).__name__, exc)
         return None
+
+
+def _import(name: str, path: pathlib.Path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    loaded = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loaded)
+    return loaded
 
 
 if __name__ == "__main__":
