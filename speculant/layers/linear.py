@@ -96,7 +96,7 @@ class Int8Linear:
 
     def __init__(self, weight: Int8Rows, bias: torch.Tensor | None = None) -> None:
         self.shape, self.bias = weight.shape, bias
-        self.native = _native_for(weight.q) if weight.shape[1] % GROUP == 0 else None
+        self.native = _native_for(weight.q)
         self.q = weight.q.contiguous()
         self.scale = weight.scale.float().contiguous() if self.native is not None else weight.scale.bfloat16()
 
