@@ -4,7 +4,9 @@ before the KV cache is allocated, so that the KV pages can be sized from what a 
 Notation: B = max_num_seqs, k = num_draft_tokens (0 without speculation), V = the vocabulary,
 N = B * (k + 1) target rows whose logits one step computes, T = max(max_num_batched_tokens, N)
 tokens in the largest forward, L = max_position keys per sequence. fp32 = 4 bytes; `elt` is a
-model's dtype size. Each item's formula sits next to its field; the figures were read off the
+model's dtype size. Each item's formula sits next to its field (a forward's activations and
+attention workspace per model family in `speculant.engine.activation_memory`; the free memory a
+fractional budget reads in `speculant.utils.device_memory`); the figures were read off the
 code they describe and are checked against measured process memory in tests/engine/test_memory.py.
 
 The transient items (verify, sampling, activations, attention) never all live at once; they
@@ -19,13 +21,14 @@ from dataclasses import dataclass
 import torch
 
 from speculant.config import CacheConfig, EngineConfig
+from speculant.engine.activation_memory import FP32, activation_bytes, largest_step_attention
 from speculant.executor.executor import Executor
 from speculant.executor.model_runner import ModelRunner
 from speculant.executor.plan import TARGET
 from speculant.speculative.base import Proposer
+from speculant.utils.device_memory import free_device_bytes
 from speculant.utils.tensor_bytes import largest_packed_bytes, tensor_bytes
 
-FP32 = 4
 MIB = 1 << 20
 # [N, V] fp32-sized buffers live at once besides the logits while the target probabilities are
 # built (`processed_probs` with top-k/top-p): the scaled logits (1), the sorted values (1) and
@@ -104,7 +107,7 @@ def plan_memory(config: EngineConfig, target: ModelRunner, drafts: list[ModelRun
         verify=rows * vocab * FP32 * (2 if k else 1),
         sampling=SAMPLING_ROWS * rows * vocab * FP32,
         activations=max(activation_bytes(r, tokens) for r in runners),
-        attention=sum(_largest_step_attention(r, config, k) for r in runners),
+        attention=sum(largest_step_attention(r, config, k) for r in runners),
         kernel_workspace=max(largest_packed_bytes(r.model) for r in runners),
         num_pages=num_pages,
     )
@@ -112,54 +115,6 @@ def plan_memory(config: EngineConfig, target: ModelRunner, drafts: list[ModelRun
 
 def kv_bytes_per_page(runners: list[ModelRunner], page_size: int) -> int:
     return sum(r.kv_bytes_per_page(page_size) for r in runners)
-
-
-def activation_bytes(runner: ModelRunner, tokens: int) -> int:
-    """One decoder layer's live activations at `tokens` tokens (layers run one after another):
-    the residual and the normed input, then either the gate/up product twice while `linear`
-    makes it contiguous ([T, 2I] x 2), or the fused qkv twice and four rotary temporaries of the
-    q and k heads; plus the forward's returned hidden states. On a CPU a half-precision weight is
-    widened to fp32 for many-row products: the largest (the lm_head or the fused gate/up) and
-    the fp32 input and output rows."""
-    a, elt = runner.arch, runner.dtype.itemsize
-    mlp = 4 * a.intermediate_size
-    attn = 2 * (a.q_size + 2 * a.kv_size) + 4 * (a.q_size + a.kv_size)
-    per_token = 3 * a.hidden_size + max(mlp, attn, _deepseek_per_token(a))
-    upcast = 0
-    if runner.device.type == "cpu" and runner.dtype != torch.float32:
-        widest = max(a.vocab_size, 2 * a.intermediate_size)
-        upcast = FP32 * (widest * a.hidden_size + tokens * (a.hidden_size + 2 * widest))
-    return tokens * per_token * elt + upcast
-
-
-def _deepseek_per_token(a) -> int:
-    """DeepSeek-V3's per-token layer temporaries (elements), 0 for other families. MLA: the fused
-    down-projection, q [H(dn + r)] and its rotated part, the absorbed query [H(R + r)] with its
-    latent half, the attention output [H R] and after W_UV [H dv]. MoE: k routed copies of the
-    row, their gate/up [2 I_e] twice and outputs, the shared experts' gate/up."""
-    if a.mla is None or a.moe is None:
-        return 0
-    m, e, h = a.mla, a.moe, a.num_heads
-    mla = (m.q_lora_rank or h * m.qk_head_dim) + m.kv_lora_rank + 2 * m.qk_rope_head_dim
-    mla += h * (m.qk_head_dim + 2 * m.qk_rope_head_dim + 3 * m.kv_lora_rank + m.qk_rope_head_dim + m.v_head_dim)
-    moe = e.experts_per_token * (3 * a.hidden_size + 4 * e.expert_intermediate_size)
-    moe += 4 * e.num_shared_experts * e.expert_intermediate_size
-    return max(mla, moe)
-
-
-def _largest_step_attention(runner: ModelRunner, config: EngineConfig, k: int) -> int:
-    """The backend's workspace at B sequences padded to the most queries one step gives a
-    sequence (a prefill chunk beside B - 1 decodes, or k + 1 verified tokens) over L keys; for
-    MLA's expanded path (long chunks), the gathered latents [B, L, R + r] expanded into per-head
-    keys [B, L, H, dn] and [B, L, H, dn + r] and values [B, L, H, dv]."""
-    sched, max_pos = config.scheduler, runner.arch.max_position
-    max_q = max(k + 1, min(sched.max_num_batched_tokens - sched.max_num_seqs + 1, max_pos))
-    workspace = runner.backend.workspace_bytes(sched.max_num_seqs, max_q, max_pos)
-    m = runner.arch.mla
-    if m is not None and max_q >= getattr(runner.model, "expand_min_queries", max_q + 1):
-        per_key = m.kv_lora_rank + m.qk_rope_head_dim + runner.arch.num_heads * (2 * m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
-        workspace += sched.max_num_seqs * max_pos * per_key * runner.dtype.itemsize
-    return workspace
 
 
 # ---- sizing the KV pages -----------------------------------------------------------------
@@ -173,17 +128,6 @@ def resolve_budget(budget: float | None, device: torch.device) -> int | None:
     if budget > 1:
         return int(budget)
     return int(budget * free_device_bytes(device))
-
-
-def free_device_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return free
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("memory_budget as a fraction needs MemAvailable in /proc/meminfo")
 
 
 def kv_pages(cache: CacheConfig, rest: MemoryPlan, per_page: int, budget: int | None, min_pages: int) -> int:
