@@ -1,8 +1,9 @@
 """The executor: the one place model forwards run.
 
-It owns every model runner of the engine (the target, and the models proposers declare), sizes and
-allocates their K/V over the shared pages, and runs `ForwardPlan`s: the engine's own target
-forwards with `run`, a proposer's chain of dependent forwards with `drive`. On one rank this is
+It owns every model runner of the engine (the target, and the models proposers declare, which
+`speculant.executor.loading` builds and checks), sizes and allocates their K/V over the shared
+pages, and runs `ForwardPlan`s: the engine's own target forwards with `run`, a proposer's chain
+of dependent forwards with `drive`. On one rank this is
 a loop; with tensor parallelism the leader's subclass (`speculant.distributed.leader`) broadcasts
 each forward so every rank enters it together; it is also where a schedule would launch forwards
 ahead of the host.
@@ -15,7 +16,12 @@ from collections.abc import Callable
 
 from speculant.attention.batch import ForwardBatch, build_forward_batch
 from speculant.config import ArchConfig
-from speculant.executor.loading import build_head_runner, build_runner, load_checkpoint_for
+from speculant.executor.loading import (
+    build_head_runner,
+    checked_head,
+    load_model_runner,
+    own_head_runner,
+)
 from speculant.executor.model_runner import ModelRunner
 from speculant.executor.plan import TARGET, ForwardPlan, ForwardResult, Forwards, ModelSpec, T
 
@@ -30,7 +36,8 @@ class Executor:
     # ---- models -----------------------------------------------------------------------------
 
     def add_model(self, spec: ModelSpec) -> None:
-        """Load and own a model a proposer declared (before `allocate_kv`)."""
+        """Own a model a proposer declared (before `allocate_kv`), loaded and checked by
+        `speculant.executor.loading`."""
         if spec.name in self._runners:
             raise ValueError(f"model name {spec.name!r} is already in use")
         if self.page_size is not None:
@@ -38,37 +45,19 @@ class Executor:
         if spec.head_of is not None:
             self._runners[spec.name] = self._head_runner(spec)
             return
-        checkpoint = spec.checkpoint if spec.checkpoint is not None else load_checkpoint_for(spec.config.model, spec.config)
-        target_vocab, vocab = self.arch().vocab_size, checkpoint.arch.vocab_size
-        if spec.shares_vocab and vocab != target_vocab:
-            raise ValueError(
-                f"{spec.name} model {spec.config.model!r} has a vocabulary of {vocab} tokens, "
-                f"the target {target_vocab}: {spec.name} and target must share a vocabulary"
-            )
-        self._runners[spec.name] = build_runner(checkpoint, spec.config)
+        self._runners[spec.name] = load_model_runner(spec, self.arch().vocab_size)
 
     def _head_runner(self, spec: ModelSpec) -> ModelRunner:
+        """A head over its base model's runner (the tensor-parallel leader's also reaches every rank)."""
         base = self._runner(spec.head_of)
-        if spec.own_head:  # the checkpoint's own MTP layer: trained with it, nothing to check
-            from speculant.loader.head_file import own_mtp_head
-
-            return build_head_runner(own_mtp_head(base.model.own_head_weights(), base.arch.hidden_size), base, spec.config)
+        if spec.own_head:
+            return own_head_runner(base, spec.config)
         return build_head_runner(self._checked_head(spec, base), base, spec.config)
 
     def _checked_head(self, spec: ModelSpec, base: ModelRunner):
-        """The head folder's (or in-memory) `HeadCheckpoint`, checked against its base model."""
-        from speculant.loader.head_file import check_target, load_head
-
+        """`loading.checked_head`, with the target's sha256 for a head over the target."""
         expect = self._target_sha256() if self._target_sha256 is not None and spec.head_of == TARGET else None
-        head = spec.checkpoint if spec.checkpoint is not None else load_head(spec.config.model, expect)
-        if expect is not None:
-            check_target(head.config, expect, head.path or spec.config.model)
-        if head.config.hidden_size != base.arch.hidden_size:
-            raise ValueError(
-                f"head {spec.config.model!r} has hidden size {head.config.hidden_size}, "
-                f"the {spec.head_of} model {base.arch.hidden_size}"
-            )
-        return head
+        return checked_head(spec, base, expect)
 
     def add_runner(self, name: str, runner: ModelRunner) -> None:
         """Own an already built runner (a tensor-parallel worker's head shard)."""

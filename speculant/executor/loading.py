@@ -1,4 +1,6 @@
-"""Build model runners from checkpoints (the target's, and any draft model's)."""
+"""Build model runners from checkpoints (the target's, and any draft model's), and check a model
+a proposer declares (`ModelSpec`) against the model it serves: a draft LLM's vocabulary, a
+head's target and hidden size. The executor owns what these build; it loads nothing itself."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from speculant.attention.base import AttentionBackend
 from speculant.attention.registry import create_backend, resolve_backend_name
 from speculant.config import EngineConfig, ModelConfig
 from speculant.executor.model_runner import ModelRunner
+from speculant.executor.plan import ModelSpec
 from speculant.models.registry import create_model
 
 # Loaded models by (checkpoint, device, dtype, weights mode), while some engine holds them: engines
@@ -72,3 +75,40 @@ def load_target(config: EngineConfig, checkpoint=None):
     source = SimpleNamespace(path=checkpoint.path) if checkpoint.path is not None else checkpoint
     sha256 = functools.partial(checkpoint_sha256, source)
     return runner, checkpoint.tokenizer, sha256
+
+
+def load_model_runner(spec: ModelSpec, target_vocab: int) -> ModelRunner:
+    """The runner of a declared model that is not a head (a draft LLM), its vocabulary checked
+    against the target's (`target_vocab` tokens) when it must share it."""
+    checkpoint = spec.checkpoint if spec.checkpoint is not None else load_checkpoint_for(spec.config.model, spec.config)
+    vocab = checkpoint.arch.vocab_size
+    if spec.shares_vocab and vocab != target_vocab:
+        raise ValueError(
+            f"{spec.name} model {spec.config.model!r} has a vocabulary of {vocab} tokens, "
+            f"the target {target_vocab}: {spec.name} and target must share a vocabulary"
+        )
+    return build_runner(checkpoint, spec.config)
+
+
+def own_head_runner(base: ModelRunner, model_config: ModelConfig) -> ModelRunner:
+    """The base checkpoint's own MTP layer as a head: trained with it, nothing to check."""
+    from speculant.loader.head_file import own_mtp_head
+
+    return build_head_runner(own_mtp_head(base.model.own_head_weights(), base.arch.hidden_size), base, model_config)
+
+
+def checked_head(spec: ModelSpec, base: ModelRunner, expect_sha256: str | None):
+    """The head folder's (or in-memory) `HeadCheckpoint`, checked against its base model: its
+    hidden size, and the target it was trained for when `expect_sha256` (the target
+    checkpoint's) is given."""
+    from speculant.loader.head_file import check_target, load_head
+
+    head = spec.checkpoint if spec.checkpoint is not None else load_head(spec.config.model, expect_sha256)
+    if expect_sha256 is not None:
+        check_target(head.config, expect_sha256, head.path or spec.config.model)
+    if head.config.hidden_size != base.arch.hidden_size:
+        raise ValueError(
+            f"head {spec.config.model!r} has hidden size {head.config.hidden_size}, "
+            f"the {spec.head_of} model {base.arch.hidden_size}"
+        )
+    return head
