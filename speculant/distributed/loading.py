@@ -17,7 +17,7 @@ from speculant.executor.model_runner import ModelRunner
 
 @dataclass
 class ShardCheckpoint:
-    """One rank's slices of a checkpoint (what a spawned worker is handed for in-memory models)."""
+    """One rank's slices of a checkpoint (what a worker the leader starts is handed for in-memory models)."""
 
     arch: ArchConfig
     weights: dict[str, torch.Tensor]

@@ -2,8 +2,8 @@
 
 A worker never schedules or samples: it runs the target's and the heads' forwards the leader
 broadcasts (`channel.Op`), writing its KV heads into the same page ids as the leader, until
-STOP. Rendezvous is a TCPStore at the leader (host, port): spawned workers are handed them,
-torchrun's ranks read MASTER_ADDR / MASTER_PORT (`launch.py`).
+STOP. Rendezvous is a TCPStore at the leader (host, port): workers the leader starts are handed
+them (`run_worker.py`), torchrun's ranks read MASTER_ADDR / MASTER_PORT (`launch.py`).
 """
 
 from __future__ import annotations
