@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from speculant.sampling.rng import PositionNoise, sample_from_weights
-from speculant.sampling.tree_shape import ancestor_table, children
+from speculant.sampling.rng import PositionNoise, row_uniforms, sample_from_weights
+from speculant.sampling.tree_shape import ancestor_table, depths
 
 
 @dataclass
@@ -81,83 +81,72 @@ def accept_tree(
     positions: Sequence[int] | None = None,  # [B] sequence position of each root's children
     default_generator: torch.Generator | None = None,
 ) -> TreeAcceptResult:
-    """Walk each tree from the root (see the module docstring). Unseeded rows draw one uniform
-    per tried child, then V exponentials for the final token, from the default generator. A
-    seeded row (as in `speculant.sampling.acceptance`) takes at each depth the target's keyed
-    sample argmax(p / E) for that position and follows the child holding it, if any: exactly
-    its plain-decoding tokens, whatever the tree."""
+    """Walk every tree from the root (see the module docstring), all rows at once, on the device:
+    no host read. Nodes are taken in order (parents before children, siblings in node order): a
+    row tries node c when its walk stands at c's parent. Unseeded rows draw one uniform per node
+    up front (a node is tried at most once) and V exponentials for the final token, from the
+    default generator. A seeded row (as in `speculant.sampling.acceptance`) takes at each depth
+    the target's keyed sample argmax(p / E) for that position and follows the child holding it,
+    if any: exactly its plain-decoding tokens, whatever the tree."""
     num_rows, n = token_ids.shape
-    paths, finals, keyed = [], [], {}
-    for b in range(num_rows):
-        if noise is not None and noise[b] is not None:
-            path, keyed[b] = _walk_keyed(token_ids[b], parents[b], target_probs[b], noise[b], positions[b])
-            p = target_probs[b, 0].float()
-        else:
-            q = None if draft_probs is None else draft_probs[b]
-            path, p = _walk(token_ids[b], parents[b], q, target_probs[b], None, default_generator)
-        paths.append(path)
-        finals.append(p)
-    final = sample_from_weights(torch.stack(finals), None, default_generator)
-    for b, token in keyed.items():
-        final[b] = token
-    width = max((_depth_max(p) for p in parents if len(p)), default=0)
-    path = torch.tensor(_padded([np.asarray(x, dtype=np.int64) for x in paths], width, -1), device=token_ids.device)
-    num_accepted = torch.tensor([len(x) for x in paths], dtype=torch.int64, device=token_ids.device)
+    device = token_ids.device
+    parent = torch.from_numpy(_padded([np.asarray(p) for p in parents], n, -2)).to(device)  # [B, n] -2 past the tree
+    seeded = torch.tensor([noise is not None and noise[b] is not None for b in range(num_rows)], dtype=torch.bool, device=device)
+    keyed = _keyed_samples(parents, target_probs, noise, positions)  # [B, n + 1]
+    uniforms = row_uniforms([None] * num_rows, n, device, default_generator)  # [B, n]
+    node = torch.full((num_rows,), -1, dtype=torch.int64, device=device)  # where each walk stands (-1: the root)
+    p = target_probs[:, 0].float()  # [B, V] the law the next tried child is judged by
+    for c in range(n):
+        tried = parent[:, c] == node
+        token = token_ids[:, c].clamp(min=0)
+        q = _one_hot(token, p) if draft_probs is None else draft_probs[:, c].float()  # [B, V]
+        q_token = q.gather(1, token[:, None])[:, 0]
+        drawn = (q_token > 0) & (uniforms[:, c] * q_token < p.gather(1, token[:, None])[:, 0])
+        accept = tried & torch.where(seeded, token == keyed.gather(1, node[:, None] + 1)[:, 0], drawn)
+        p = sibling_residual(p, q, torch.where(tried & ~accept & ~seeded, q_token, 0.0))  # p where nothing was rejected
+        p = torch.where(accept[:, None], target_probs[:, c + 1].float(), p)
+        node = torch.where(accept, c, node)
+    final = torch.where(seeded, keyed.gather(1, node[:, None] + 1)[:, 0], sample_from_weights(p, None, default_generator))
+    width = max((_depth_max(tree) for tree in parents if len(tree)), default=0)
+    paths = np.full((num_rows, n + 1, width), -1, dtype=np.int64)  # row 0 the root's (empty) path, row i + 1 node i's
+    for b, tree in enumerate(parents):
+        paths[b, 1:] = _padded_table(tree, n, width)
+    path = torch.from_numpy(paths).to(device)[torch.arange(num_rows, device=device), node + 1]  # [B, D]
+    num_accepted = (path >= 0).sum(1)
     return TreeAcceptResult(_emitted(token_ids, path, num_accepted, final), path, num_accepted)
 
 
-def _walk_keyed(tokens, parents, target_probs, noise: PositionNoise, position: int) -> tuple[list[int], int]:
-    """A seeded tree: (accepted node indices, the keyed sample after them)."""
-    kids = children(parents)
-    tokens_host = tokens.tolist()
-    node, path = -1, []
-    while True:
-        p = target_probs[node + 1].float()
-        e = noise.exponentials([position + len(path)], p.shape[-1], p.device)[0]
-        sample = int((p / e).argmax())
-        match = [c for c in kids[node + 1] if tokens_host[c] == sample]
-        if not match:
-            return path, sample
-        node = match[0]
-        path.append(node)
-
-
-def _walk(tokens, parents, q, target_probs, generator, default_generator) -> tuple[list[int], torch.Tensor]:
-    """One tree: the accepted node indices and the law of the token after them."""
-    kids = children(parents)
-    tokens_host = tokens.tolist()
-    node, path, p = -1, [], target_probs[0].float()
-    while True:
-        for c in kids[node + 1]:
-            token = tokens_host[c]
-            q_c = None if q is None else q[c].float()
-            q_token = 1.0 if q_c is None else float(q_c[token])
-            g = generator if generator is not None else default_generator
-            u = torch.rand(1, generator=g, device=g.device if g is not None else None).item()
-            if q_token > 0 and u * q_token < float(p[token]):
-                node = c
-                path.append(c)
-                p = target_probs[c + 1].float()
-                break
-            p = sibling_residual(p, q_c if q_c is not None else _one_hot(token, p), q_token)
-        else:
-            return path, p
-
-
-def sibling_residual(p: torch.Tensor, q: torch.Tensor, q_token: float) -> torch.Tensor:
-    """[V] the target law for the next sibling after one is rejected: normalize(max(0, p - q)).
-    p itself where q is empty (nothing was drawn) or the residual has no mass (rounding only)."""
-    if q_token <= 0:
-        return p
-    residual = (p - q).clamp(min=0)
-    total = residual.sum()
-    return residual / total if total > 0 else p
-
-
-def _one_hot(token: int, like: torch.Tensor) -> torch.Tensor:
-    out = torch.zeros_like(like)
-    out[token] = 1.0
+def _keyed_samples(parents, target_probs, noise, positions) -> torch.Tensor:  # [B, n + 1] int64
+    """Each seeded row's keyed sample at the root (0) and at node i (i + 1), drawn with the noise
+    of the position that node's child would take; -1 in unseeded rows."""
+    num_rows, rows_per_tree, vocab = target_probs.shape
+    out = torch.full((num_rows, rows_per_tree), -1, dtype=torch.int64, device=target_probs.device)
+    for b in range(num_rows):
+        if noise is None or noise[b] is None:
+            continue
+        depth = np.zeros(rows_per_tree, dtype=np.int64)
+        depth[1 : len(parents[b]) + 1] = depths(parents[b])
+        exponentials = noise[b].exponentials([positions[b] + d for d in range(int(depth.max()) + 1)], vocab, target_probs.device)
+        picked = exponentials.index_select(0, torch.from_numpy(depth).to(target_probs.device))  # [n + 1, V]
+        out[b] = (target_probs[b].float() / picked).argmax(-1)
     return out
+
+
+def sibling_residual(
+    p: torch.Tensor,  # [B, V] the law the rejected sibling was judged by
+    q: torch.Tensor,  # [B, V] the law it was drawn from
+    q_token: torch.Tensor,  # [B] q at its token
+) -> torch.Tensor:  # [B, V]
+    """The target law for the next sibling after one is rejected: normalize(max(0, p - q)).
+    p itself where q is empty (nothing was drawn) or the residual has no mass (rounding only)."""
+    residual = (p - q).clamp_(min=0)
+    total = residual.sum(-1, keepdim=True)
+    keep = (q_token[:, None] <= 0) | (total <= 0)
+    return torch.where(keep, p, residual.div_(torch.where(keep, 1.0, total)))
+
+
+def _one_hot(token: torch.Tensor, like: torch.Tensor) -> torch.Tensor:  # [B] -> [B, V] like `like`
+    return torch.zeros_like(like).scatter_(1, token[:, None], 1.0)
 
 
 def _emitted(token_ids, path, num_accepted, final) -> torch.Tensor:  # [B, D + 1]
