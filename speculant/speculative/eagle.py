@@ -36,6 +36,7 @@ from speculant.speculative import tree
 from speculant.speculative.base import ProposerContext
 from speculant.speculative.mtp import HEAD, MtpProposer
 from speculant.speculative.tree_budget import TreeBudget, measure_points
+from speculant.utils.sync import to_list
 
 CALIBRATION_ID = "<tree budget calibration>"  # the page-table id of the start-up measurement
 CALIBRATION_CONTEXT = 1024  # tokens of context the verify cost is measured over
@@ -217,7 +218,7 @@ class EagleProposer(MtpProposer):
             front_scores = child_scores.reshape(num, -1).gather(1, pick)
             front_states = states.gather(1, slot[..., None].expand(-1, -1, states.shape[-1]))
             # the next masks: the parent entry's row, then its own entry (a host read per level)
-            masks = [np.concatenate([m[s], np.eye(k, dtype=bool)], 1) for m, s in zip(masks, slot.tolist())]
+            masks = [np.concatenate([m[s], np.eye(k, dtype=bool)], 1) for m, s in zip(masks, to_list(slot))]
         return self._rerank(cand)
 
     def _rerank(self, cand: dict) -> tuple[torch.Tensor, list[list[int]], None]:
@@ -226,7 +227,7 @@ class EagleProposer(MtpProposer):
         depths = torch.cat([torch.full((tokens.shape[0], t.shape[1]), d, dtype=torch.int64, device=tokens.device)
                             for t, d in zip(cand["tokens"], cand["depths"])], 1)
         kept = tree.rerank(scores, depths, self.step_budget)  # [B, n]
-        return tokens.gather(1, kept), tree.remap_parents(kept, parents).tolist(), None
+        return tokens.gather(1, kept), to_list(tree.remap_parents(kept, parents)), None  # the kept tree's shape: a host read
 
     def _grow_static(self, requests: list[Request]) -> Forwards[tuple[torch.Tensor, list[list[int]], torch.Tensor | None]]:
         """Fixed shape: each node's children are its entry's best tokens (or sampled ones)."""

@@ -148,9 +148,8 @@ def test_a_small_dynamic_budget_grows_no_deeper_than_it_keeps(target, head, plai
 @pytest.mark.parametrize("auto_budget", [False, True], ids=["fixed", "auto-budget"])
 def test_one_host_read_per_decode_step_strict(target, head, auto_budget):
     """A greedy static-tree decode step in strict sync mode under the device-mixing check: one
-    host read, the accepted paths (for the tree budget) read with the tokens. (Dynamic trees
-    read each level's frontier to build its mask, and sampled trees walk their nodes on the
-    host, `sampling.tree_acceptance.accept_tree`.)"""
+    host read, the accepted paths (for the tree budget) read with the tokens. (Every method and
+    tree shape, sampled and dynamic trees included: tests/engine/test_reads_by_method.py.)"""
     llm = eagle_llm(target, head, tree_auto_budget=auto_budget, **TREES["static"])
     params = [GREEDY, SamplingParams(max_tokens=24, temperature=0, logprobs=True, top_logprobs=2), GREEDY]
     reads, drafted = strict_decode_step(llm, PROMPTS[:3], params)
