@@ -1,12 +1,15 @@
 """docs/architecture.md's claims that code can hold, held: the paths it names exist, its layer
 list is the import contract's, proposers reach models only through forward plans, the engine
 knows proposers only through their interface and registry, no shared code branches on a method
-name, the page allocator is plain Python, and an attention backend plans once per forward.
+name, the page allocator is plain Python, an attention backend plans once per forward, and the
+classes, methods and functions it names (`Engine._device_stage`, `utils.sync.read_lists`) exist.
 (Host reads and forward callers per step, for every method: tests/engine/test_reads_by_method.py.)"""
 
 from __future__ import annotations
 
 import ast
+import dataclasses
+import importlib
 import re
 import tomllib
 
@@ -21,6 +24,7 @@ SPECULATIVE = "speculant.speculative"
 # where a method's name may be compared with: the registry that maps names to proposers, the
 # config's checks of a method's own options, and the benchmark scripts (a user's face)
 NAMES_METHODS = ("speculant.speculative.registry", "speculant.config", "speculant.bench")
+FILE_TYPES = {"py", "md", "toml", "json", "jsonl", "csv", "png", "safetensors"}
 
 
 def sources() -> dict[str, ast.Module]:
@@ -35,6 +39,39 @@ def test_every_path_the_page_names_exists():
     missing = [p for p in sorted(named) if not ((PACKAGE / p).exists() or (ROOT / p).exists() or (ROOT / "tests" / p).exists()
                                                 or any(PACKAGE.rglob(p)) or any((ROOT / "tests").rglob(p)))]
     assert len(named) > 50 and missing == []
+
+
+def test_every_name_the_page_gives_exists():
+    """A dotted name starting with a package class (`Executor.run`) or module (`utils.sync.to_list`)
+    resolves; names of other libraries (`torch.tensor`, `F.linear`) are left alone."""
+    prose = re.sub(r"```.*?```", "", PAGE.read_text(), flags=re.S)
+    names = {q.removesuffix("()") for q in re.findall(r"`([^`]+)`", prose)}
+    names = {n for n in names if re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", n) and n.rsplit(".", 1)[1] not in FILE_TYPES}
+    classes = {node.name: module for module, tree in sources().items() for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
+    found = {name: resolves(name.split("."), classes) for name in sorted(names)}
+    assert sum(r is not None for r in found.values()) > 10
+    assert [name for name, r in found.items() if r is False] == []
+
+
+def resolves(parts: list[str], classes: dict[str, str]) -> bool | None:
+    """Whether the package holds the name (None: it names no class or module of the package)."""
+    if parts[0] in classes:
+        obj, rest = getattr(importlib.import_module(classes[parts[0]]), parts[0]), parts[1:]
+    else:
+        for i in range(len(parts), 0, -1):  # the longest prefix that is a module
+            try:
+                obj, rest = importlib.import_module(".".join(["speculant", *parts[:i]])), parts[i:]
+                break
+            except ModuleNotFoundError:
+                continue
+        else:
+            return None
+    for part in rest:
+        fields = {f.name for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj) else set()
+        if not hasattr(obj, part) and part not in fields:
+            return False
+        obj = getattr(obj, part, None)
+    return True
 
 
 def test_the_layer_list_is_the_import_contract():
