@@ -31,6 +31,7 @@ import numpy as np
 
 from speculant.core import Request, StepResult
 from speculant.speculative.acceptance_tracker import AcceptanceTracker
+from speculant.speculative.calibration import Sample
 from speculant.speculative.cost_model import MovingAverage, StepCostModel, WorkCost
 from speculant.speculative.k_chooser import choose_k, expected_tokens_by_k
 
@@ -64,6 +65,31 @@ class AdaptiveK:
         self.measured_context = 0  # the longest context per sequence the cost model has measured a step at
         self._since_plain = 0  # fitted decode steps since the last plain one (the calibration counts as one)
         self._resting_now = False  # the decode step being taken is unplanned (`resting`)
+
+    def plan(
+        self, requests: Sequence[Request], offer: Callable[[Request], tuple[int, Hashable]], backlog: Callable[[Request], int],
+    ) -> list[int]:
+        """Each request's k this decode step: all 0 while planning rests (`resting`: a plain step,
+        unplanned), else chosen (`choose`) from the proposer's `offer` (drafts at most, their
+        kind) and `backlog` per request, the planning's time recorded."""
+        if self.resting(requests):
+            return [0] * len(requests)
+        start = time.perf_counter()
+        offers = [offer(r) for r in requests]
+        backlogs = [backlog(r) for r in requests]
+        ks = self.choose(requests, [n for n, _ in offers], [key for _, key in offers], backlogs)
+        self.record_plan_time(time.perf_counter() - start)
+        return ks
+
+    def use_calibration(self, samples: Sequence[Sample]) -> None:
+        """Seed the step cost model from start-up samples (`speculative.calibration`); none: the prior stays."""
+        if samples:
+            self.cost = StepCostModel.calibrated(samples)
+            self.measured_context = max(context // len(ks) for ks, context, _ in samples)
+
+    def stats(self) -> dict:
+        """The step cost fit's coefficients and its calibration, for `LLM.stats()`."""
+        return {"step_cost_coefficients_s": [float(c) for c in self.cost.theta], "step_cost_calibration": self.cost.calibration}
 
     def choose(
         self, requests: Sequence[Request], k_max: Sequence[int], keys: Sequence[Hashable] | None = None, backlog: Sequence[int] | None = None,

@@ -6,10 +6,12 @@ the engine asks `speculates(batch)` (decode batches only; it fixes each request'
 `step_k`), drives `propose(batch)` for draft tokens and, after the step's tokens are committed,
 drives `update(step_result)` so the proposer's own state (a draft model's KV, carried logits)
 follows the sequences, then hands the step's time to `observe`. With `adaptive_k` the step's k's
-are chosen from measured acceptance and cost (`speculant.speculative.adaptive`), with
-`num_draft_tokens` as the upper bound. `propose` and
-`update` are generators of `ForwardPlan`s: the executor runs each plan and sends the result back.
-Method-specific logic lives in the subclasses; the engine never asks which method it runs.
+are chosen from measured acceptance and cost by the policy in `speculant.speculative.adaptive`
+(its cost prior measured and cached by `speculant.speculative.calibration`), with
+`num_draft_tokens` as the upper bound. `propose` and `update` are generators of `ForwardPlan`s:
+the executor runs each plan and sends the result back. Method-specific logic lives in the
+subclasses (helpers they share: `speculant.speculative.drafts`); the engine never asks which
+method it runs.
 """
 
 from __future__ import annotations
@@ -20,17 +22,14 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import numpy as np
 import torch
 
 from speculant.config import ArchConfig, ModelConfig, SpeculativeConfig
 from speculant.core import Batch, DraftProposal, Request, StepResult
 from speculant.executor.plan import Forwards, ModelSpec
 from speculant.kv_cache.allocator import PageTables
-from speculant.sampling.sampler import SamplingTensors, processed_probs, sample
 from speculant.speculative import calibration
 from speculant.speculative.adaptive import AdaptiveK
-from speculant.speculative.cost_model import StepCostModel
 
 
 @dataclass(frozen=True)
@@ -74,23 +73,13 @@ class Proposer(ABC):
         adaptive k, the step cost model's prior (`speculative.calibration`; cached per machine)."""
         if self.adaptive is None:
             return
-        k_max, ctx = calibration.calibrated_k(self.ctx.speculative.num_draft_tokens), self.ctx
-        key = calibration.cache_key(ctx.model, ctx.target_arch, k_max)
-        samples = calibration.load_cached(key)
-        if samples is None:
-            samples = yield from calibration.measure(self.pages, k_max, ctx.max_num_seqs, ctx.target_arch.max_position)
-            if samples:
-                calibration.save_cached(key, samples)
-        if samples:
-            self.adaptive.cost = StepCostModel.calibrated(samples)
-            self.adaptive.measured_context = max(context // len(ks) for ks, context, _ in samples)
+        k, ctx = self.ctx.speculative.num_draft_tokens, self.ctx
+        samples = yield from calibration.step_cost_samples(self.pages, ctx.model, ctx.target_arch, k, ctx.max_num_seqs)
+        self.adaptive.use_calibration(samples)
 
     def stats(self) -> dict:
         """The proposer's own figures for `LLM.stats()` (e.g. a tree's chosen size)."""
-        if self.adaptive is None:
-            return {}
-        cost = self.adaptive.cost
-        return {"step_cost_coefficients_s": [float(c) for c in cost.theta], "step_cost_calibration": cost.calibration}
+        return {} if self.adaptive is None else self.adaptive.stats()
 
     def memory_bytes(self, max_num_seqs: int) -> dict[str, int]:
         """Bytes this proposer keeps or allocates per step beyond its models' weights and K/V,
@@ -126,14 +115,8 @@ class Proposer(ABC):
             return False
         if self.adaptive is None:
             ks = [self.num_draft_tokens(r) for r in batch.requests]
-        elif self.adaptive.resting(batch.requests):  # planning found nothing to draft lately: a plain step, unplanned
-            ks = [0] * len(batch.requests)
         else:
-            start = time.perf_counter()
-            offers = [self.offer(r, self.num_draft_tokens(r)) for r in batch.requests]
-            backlog = [self.backlog(r) for r in batch.requests]
-            ks = self.adaptive.choose(batch.requests, [n for n, _ in offers], [key for _, key in offers], backlog)
-            self.adaptive.record_plan_time(time.perf_counter() - start)
+            ks = self.adaptive.plan(batch.requests, lambda r: self.offer(r, self.num_draft_tokens(r)), self.backlog)
         self._step_ks = {r.request_id: k for r, k in zip(batch.requests, ks)}
         return any(k > 0 for k in ks)
 
@@ -204,36 +187,3 @@ class NoProposer(Proposer):
 
     def propose(self, batch: Batch) -> Forwards[DraftProposal]:
         raise RuntimeError("NoProposer never proposes")
-
-
-def choose_drafts(
-    logits: torch.Tensor,  # [N, V] a draft model's or head's logits for the next token
-    requests: list[Request],  # [N]
-    sampled: bool,  # draw from the processed distribution (else the argmax, a one-hot q)
-    default_generator: torch.Generator,
-    offset: int = 0,  # the drafts decide the tokens at position num_tokens + offset
-) -> tuple[torch.Tensor, torch.Tensor | None]:  # tokens [N] int64, q [N, V] (None when greedy)
-    """A seeded request's draft uses the noise of the position it proposes for, the noise its
-    verification samples the target with: the draft is accepted whenever both agree."""
-    if not sampled:
-        return logits.argmax(dim=-1), None
-    st = SamplingTensors.from_params([r.params for r in requests], logits.device)
-    q = processed_probs(logits, st)
-    generators = [r.noise.generator(r.num_tokens + offset, logits.device) if r.noise else None for r in requests]
-    return sample(q, generators, default_generator), q
-
-
-def chain_work(ks: Sequence[int]) -> tuple[int, int]:
-    """(forwards, rows) of drafting chains of these k's when the first draft comes from carried
-    logits: forward j (1 <= j < max k) carries every request with k > j."""
-    return max(0, max(ks, default=0) - 1), sum(ks) - len(ks) + ks.count(0)
-
-
-def pad_proposals(drafts: list[list[int]], device: torch.device | str = "cpu") -> DraftProposal:
-    """A one-hot DraftProposal on `device` from per-sequence token lists (one host-to-device copy)."""
-    k_max = max((len(d) for d in drafts), default=0)
-    tokens = np.full((len(drafts), k_max), -1, dtype=np.int64)
-    for b, d in enumerate(drafts):
-        tokens[b, : len(d)] = d
-    token_ids = torch.from_numpy(tokens).to(device, non_blocking=True)
-    return DraftProposal(token_ids=token_ids, num_drafts=[len(d) for d in drafts])

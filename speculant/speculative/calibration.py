@@ -90,6 +90,19 @@ def measure(pages: PageTables, k_max: int, max_seqs: int, max_position: int) -> 
     return [([tokens - 1] * batch, batch * context, seconds) for (batch, tokens, context), seconds in fastest.items()]
 
 
+def step_cost_samples(pages: PageTables, model: ModelConfig, arch: ArchConfig, num_draft_tokens: int, max_seqs: int) -> Forwards[list[Sample]]:
+    """The samples for an engine of up to `num_draft_tokens` drafts: cached for this machine and
+    model shape, else measured (`measure`) and cached when any point fitted the pages."""
+    k_max = calibrated_k(num_draft_tokens)
+    key = cache_key(model, arch, k_max)
+    samples = load_cached(key)
+    if samples is None:
+        samples = yield from measure(pages, k_max, max_seqs, arch.max_position)
+        if samples:
+            save_cached(key, samples)
+    return samples
+
+
 def calibrated_k(k_max: int) -> int:
     """The k a calibration measures for engines of up to `k_max` drafts: one entry serves every k
     up to MIN_K (a quantized 1.5B target takes minutes per calibration on this CPU)."""

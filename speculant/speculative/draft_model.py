@@ -18,7 +18,8 @@ import torch
 from speculant.attention.batch import SeqInput
 from speculant.core import Batch, DraftProposal, Request, StepResult
 from speculant.executor.plan import ForwardPlan, Forwards, ModelSpec
-from speculant.speculative.base import Proposer, ProposerContext, chain_work, choose_drafts
+from speculant.speculative.base import Proposer, ProposerContext
+from speculant.speculative.drafts import chain_work, choose_drafts
 
 DRAFT = "draft"  # the draft model's name in the executor
 SINKS = 4  # prompt tokens a windowed draft always reads (attention sinks)

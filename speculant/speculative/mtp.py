@@ -29,7 +29,8 @@ import torch
 from speculant.attention.batch import SeqInput
 from speculant.core import Batch, DraftProposal, Request, StepResult
 from speculant.executor.plan import TARGET, ForwardPlan, Forwards, ModelSpec
-from speculant.speculative.base import Proposer, ProposerContext, chain_work, choose_drafts
+from speculant.speculative.base import Proposer, ProposerContext
+from speculant.speculative.drafts import chain_work, choose_drafts
 
 HEAD = "head"  # the head's name in the executor
 

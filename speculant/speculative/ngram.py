@@ -14,7 +14,8 @@ import numpy as np
 
 from speculant.core import Batch, DraftProposal, Request, RequestStatus
 from speculant.executor.plan import Forwards
-from speculant.speculative.base import Proposer, ProposerContext, pad_proposals
+from speculant.speculative.base import Proposer, ProposerContext
+from speculant.speculative.drafts import pad_proposals
 from speculant.speculative.suffix_store import SuffixStore
 
 

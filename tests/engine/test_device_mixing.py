@@ -9,7 +9,7 @@ from testkit import CHAIN_METHODS, noisy_copy, tiny_hf_model, tiny_llm
 
 from speculant import SamplingParams
 from speculant.speculative import ngram
-from speculant.speculative.base import pad_proposals
+from speculant.speculative.drafts import pad_proposals
 from speculant.utils.device_check import DeviceMixError, device_check
 
 METHODS = CHAIN_METHODS

@@ -365,3 +365,33 @@ def test_an_unplanned_plain_step_is_fitted_and_teaches_nothing_else():
     assert rests > 0 and adaptive.cost.num_updates == updates + rests
     assert adaptive.cost.predict([0] * 16, 1600) > 0.060  # followed the slower plain steps
     assert adaptive.tracker._counts == tracker and adaptive.step_s.value == step_s
+
+
+def test_a_plan_asks_the_proposer_only_when_it_does_not_rest():
+    """`plan` is `choose` over the proposer's offers and backlogs; while planning rests it asks
+    nothing and every k is 0."""
+    from types import SimpleNamespace
+
+    from speculant.speculative.adaptive import AdaptiveK
+
+    adaptive = AdaptiveK(lambda ks: (0, 0))
+    requests = [SimpleNamespace(request_id=str(b), num_computed_tokens=10, params=None, output_token_ids=[]) for b in range(2)]
+    asked = []
+    offer = lambda r: asked.append(r.request_id) or (0, None)  # noqa: E731
+    assert adaptive.plan(requests, offer, lambda r: 0) == [0, 0] and asked == ["0", "1"]
+    adaptive._rest, asked[:] = 1, []
+    assert adaptive.plan(requests, offer, lambda r: 0) == [0, 0] and asked == []
+
+
+def test_a_calibration_seeds_the_cost_model_and_the_measured_context():
+    from speculant.speculative.adaptive import AdaptiveK
+
+    adaptive = AdaptiveK(lambda ks: (0, 0))
+    prior = adaptive.cost
+    adaptive.use_calibration([])
+    assert adaptive.cost is prior and adaptive.measured_context == 0
+    samples = [([k], 64, 0.01 + 0.001 * k) for k in range(9)] + [([0] * 8, 512, 0.02), ([0], 512, 0.015)]
+    adaptive.use_calibration(samples)
+    assert adaptive.cost is not prior and adaptive.cost.calibration == samples
+    assert adaptive.measured_context == 512
+    assert adaptive.stats()["step_cost_calibration"] == samples
