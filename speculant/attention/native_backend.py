@@ -69,9 +69,12 @@ class NativeAttention(AttentionBackend):
         return NativeAttentionMeta(as_tensor(fb.slot_mapping), as_tensor(slots), as_tensor(tok_seq), as_tensor(tok_keys), mask)
 
     def forward(self, q, k, v, k_cache, v_cache, meta: NativeAttentionMeta, scale: float) -> torch.Tensor:
-        k_cache.index_copy_(0, meta.slot_mapping, k)
-        v_cache.index_copy_(0, meta.slot_mapping, v)
+        if k.dtype != k_cache.dtype or k.stride(-1) != 1 or k.stride(-2) != k.shape[-1]:  # the kernel writes rows as they are
+            k, v = k.to(k_cache.dtype).contiguous(), v.to(v_cache.dtype).contiguous()
+        dtype, q = q.dtype, q.float()
+        if q.stride(-1) != 1 or q.stride(-2) != q.shape[-1]:
+            q = q.contiguous()
         out = self.kernels.paged_attention(
-            q.float().contiguous(), k_cache, v_cache, meta.slots, meta.tok_seq, meta.tok_keys, meta.mask, scale, native.use_avx2()
-        )  # [T, H * Dv] float32
-        return out.to(q.dtype)
+            q, k_cache, v_cache, meta.slots, meta.tok_seq, meta.tok_keys, meta.mask, k, v, meta.slot_mapping, scale, native.use_avx2()
+        )  # [T, H * Dv] float32; the new tokens' keys and values are written into the caches first
+        return out.to(dtype)

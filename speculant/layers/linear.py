@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 
 from speculant.kernels import native
-from speculant.layers import autotune
+from speculant.layers import autotune, packing
 from speculant.layers.quant import GROUP, Int4Groups, Int8Rows, quantize_int4, quantize_int8
 
 WEIGHT_MODES = ("auto", "fp32", "bf16", "int8", "int4")
@@ -74,9 +74,7 @@ class Int4Linear:
         self.shape, self.bias = weight.shape, bias
         self.native = _native_for(weight.q)
         if self.native is not None:
-            self.packed = pack_nibbles(weight.q)  # [out, in / 2] uint8
-            self.d = weight.scale.float().contiguous()  # [out, in / GROUP]
-            self.m = (weight.zero - 8 * weight.scale).float().contiguous()  # [out, in / GROUP]: w at q = 0
+            self.packed, self.d, self.m = packing.pack_int4(weight)  # see layers/packing.py
             return
         self.packed = torch._convert_weight_to_int4pack_for_cpu(weight.q.to(torch.int32), 2)
         scale_zero = torch.stack([weight.scale, weight.zero], dim=-1)  # [out, groups, 2]
@@ -84,7 +82,7 @@ class Int4Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
         if self.native is not None:
-            out = self.native.int4_linear(_rows_f32(x), self.packed, self.d, self.m, native.use_avx2())
+            out = self.native.int4_linear(_rows_f32(x), self.packed, self.d, self.m, self.shape[0], native.use_avx2())
         else:
             out = torch._weight_int4pack_mm_for_cpu(x.bfloat16(), self.packed, GROUP, self.scale_zero)
         out = out.to(x.dtype)
@@ -97,12 +95,14 @@ class Int8Linear:
     def __init__(self, weight: Int8Rows, bias: torch.Tensor | None = None) -> None:
         self.shape, self.bias = weight.shape, bias
         self.native = _native_for(weight.q)
-        self.q = weight.q.contiguous()
-        self.scale = weight.scale.float().contiguous() if self.native is not None else weight.scale.bfloat16()
+        if self.native is not None:
+            self.q, self.scale = packing.pack_int8(weight)  # see layers/packing.py
+        else:
+            self.q, self.scale = weight.q.contiguous(), weight.scale.bfloat16()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
         if self.native is not None:
-            out = self.native.int8_linear(_rows_f32(x), self.q, self.scale, native.use_avx2()).to(x.dtype)
+            out = self.native.int8_linear(_rows_f32(x), self.q, self.scale, self.shape[0], native.use_avx2()).to(x.dtype)
         else:
             out = torch._weight_int8pack_mm(x.bfloat16(), self.q, self.scale).to(x.dtype)
         return out if self.bias is None else out.add_(self.bias)
@@ -139,14 +139,6 @@ def _dense(weight, dtype: torch.dtype) -> torch.Tensor:
     if isinstance(weight, torch.Tensor):
         return weight.to(dtype)
     return weight.dequantize().to(dtype)
-
-
-def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
-    """[out, in] values 0..15 -> [out, in / 2] uint8: byte j of each 32-value group holds value
-    j (low nibble) and value j + 16 (high nibble), the native int4 kernel's layout."""
-    out, n_in = q.shape
-    groups = q.to(torch.uint8).view(out, n_in // GROUP, GROUP)
-    return (groups[..., : GROUP // 2] | (groups[..., GROUP // 2 :] << 4)).reshape(out, n_in // 2).contiguous()
 
 
 def _native_for(weight: torch.Tensor):

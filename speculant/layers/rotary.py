@@ -8,6 +8,7 @@ import math
 import torch
 
 from speculant.config import ArchConfig, RopeScaling
+from speculant.kernels import native
 
 
 def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:  # [D/2]
@@ -83,3 +84,22 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
+
+
+def rotate_heads(x: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The first `heads` heads of each row of x [T, N] (q and k heads side by side, then e.g. v)
+    rotated -> [T, heads, head_dim]: in place in x by one native call on a CPU where nothing needs
+    gradients, else `apply_rotary` into a new tensor; the same values either way. cos, sin:
+    [T, 1, D] as `lookup` gives them."""
+    part = x[:, : heads * head_dim].view(x.shape[0], heads, head_dim)
+    kernels = native.module() if _native_fits(x, cos) else None
+    if kernels is None:
+        return apply_rotary(part, cos, sin)
+    kernels.rotary_(x, cos.reshape(x.shape[0], head_dim), sin.reshape(x.shape[0], head_dim), heads, head_dim)
+    return part
+
+
+def _native_fits(x: torch.Tensor, cos: torch.Tensor) -> bool:
+    if x.device.type != "cpu" or x.dtype != torch.float32 or cos.dtype != torch.float32 or not x.is_contiguous():
+        return False
+    return not (torch.is_grad_enabled() and x.requires_grad)

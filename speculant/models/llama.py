@@ -16,8 +16,9 @@ import torch.nn.functional as F
 
 from speculant.config import ArchConfig
 from speculant.layers.linear import Linear, make_linear
+from speculant.layers.norm import add_rms_norm, rms_norm
 from speculant.layers.quant import cat_rows
-from speculant.layers.rotary import RotaryEmbedding, apply_rotary
+from speculant.layers.rotary import RotaryEmbedding, rotate_heads
 from speculant.models.base import CausalLM, ForwardContext
 
 # attention over flat tokens: q [T, heads, head_dim], k/v [T, kv_heads, head_dim] -> [T, heads * head_dim]
@@ -109,7 +110,7 @@ class LlamaForCausalLM(CausalLM):
         return decoder_layer(self.arch, w, x, cos, sin, attend)
 
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden]
-        return F.rms_norm(hidden, (self.arch.hidden_size,), self.norm, self.arch.rms_norm_eps)
+        return rms_norm(hidden, self.norm, self.arch.rms_norm_eps)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab]
         return self.lm_head(self.final_norm(hidden)).float()
@@ -119,14 +120,13 @@ def decoder_layer(a: ArchConfig, w: LayerWeights, x: torch.Tensor, cos, sin, att
     """One pre-norm decoder layer over flat tokens x [T, hidden]; `attend` runs attention (paged
     through a backend at inference, a causal mask in head training). Any callables will do as
     `w`'s products (plain `F.linear` on trainable tensors for training)."""
-    h = F.rms_norm(x, (a.hidden_size,), w.input_norm, a.rms_norm_eps)
+    h = rms_norm(x, w.input_norm, a.rms_norm_eps)
     qkv = w.qkv(h)  # [T, q_size + 2 * kv_size]
     num_tokens = qkv.shape[0]
-    qk = apply_rotary(qkv[:, : a.q_size + a.kv_size].view(num_tokens, -1, a.head_dim), cos, sin)
+    qk = rotate_heads(qkv, a.num_heads + a.num_kv_heads, a.head_dim, cos, sin)  # [T, heads + kv_heads, D]
     q, k = qk[:, : a.num_heads], qk[:, a.num_heads :]
     v = qkv[:, a.q_size + a.kv_size :].view(num_tokens, a.num_kv_heads, a.head_dim)
-    x = x + w.o(attend(q, k, v))
-    h = F.rms_norm(x, (a.hidden_size,), w.post_norm, a.rms_norm_eps)
+    x, h = add_rms_norm(x, w.o(attend(q, k, v)), w.post_norm, a.rms_norm_eps)
     gate, up = w.gate_up(h).chunk(2, dim=-1)
     return x + w.down(F.silu(gate) * up)
 

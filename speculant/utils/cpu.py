@@ -35,8 +35,13 @@ def _reported() -> frozenset[str]:
 
 
 def level() -> str:
-    """The cap in force: "native" (none), "avx2" or "scalar"."""
-    value = os.environ.get("SPECULANT_CPU_LEVEL", "native").strip().lower() or "native"
+    """The cap in force: "native" (none), "avx2" or "scalar" (read at each call: a test may set it)."""
+    return _level(os.environ.get("SPECULANT_CPU_LEVEL"))
+
+
+@functools.cache
+def _level(raw: str | None) -> str:
+    value = (raw or "native").strip().lower() or "native"
     if value not in LEVELS:
         raise ValueError(f"SPECULANT_CPU_LEVEL must be one of {LEVELS}, got {value!r}")
     return value
@@ -62,8 +67,14 @@ def has(*names: str) -> bool:
 
 
 def has_avx2() -> bool:
-    """The native kernels' AVX2 path: AVX2 with FMA and F16C (x86-64-v3)."""
-    return has("avx2", "fma", "f16c")
+    """The native kernels' AVX2 path: AVX2 with FMA and F16C (x86-64-v3). Asked once per product,
+    so it costs one environment lookup."""
+    return _has_avx2(level())
+
+
+@functools.cache
+def _has_avx2(cap: str) -> bool:
+    return {"avx2", "fma", "f16c"} <= _capped(cap)
 
 
 def has_native_bf16() -> bool:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from speculant.kernels import native
-from speculant.layers.linear import pack_nibbles
+from speculant.layers import packing
 from speculant.layers.quant import quantize_int4, quantize_int8
 from speculant.utils import cpu
 
@@ -22,13 +22,14 @@ def _paths() -> list:
 
 def _int4(w):
     g = quantize_int4(w)
-    args = (pack_nibbles(g.q), g.scale.contiguous(), (g.zero - 8 * g.scale).contiguous())
+    args = (*packing.pack_int4(g), w.shape[0])
     return lambda x, avx2: native.module().int4_linear(x, *args, avx2), g.dequantize()
 
 
 def _int8(w):
     g = quantize_int8(w)
-    return lambda x, avx2: native.module().int8_linear(x, g.q, g.scale, avx2), g.dequantize()
+    args = (*packing.pack_int8(g), w.shape[0])
+    return lambda x, avx2: native.module().int8_linear(x, *args, avx2), g.dequantize()
 
 
 def _dense(dtype):
@@ -46,20 +47,32 @@ def _quantized_rows(x: torch.Tensor) -> torch.Tensor:
     return (torch.round(blocks / torch.where(scale > 0, scale, 1)) * scale).view_as(x)
 
 
+_LAYOUTS = {"int4": _int4, "int8": _int8, "f32": _dense(torch.float32), "bf16": _dense(torch.bfloat16)}
+
+
 @pytest.mark.parametrize("avx2", _paths())
-@pytest.mark.parametrize("layout", ["int4", "int8", "f32", "bf16"])
-def test_products_equal_the_reference_and_are_row_invariant(layout, avx2):
+@pytest.mark.parametrize("out", [80, 84])  # 84: the last group of 8 weight rows is padded
+@pytest.mark.parametrize("layout", list(_LAYOUTS))
+def test_products_equal_the_reference_and_are_row_invariant(layout, out, avx2):
     torch.manual_seed(0)
-    make = {"int4": _int4, "int8": _int8, "f32": _dense(torch.float32), "bf16": _dense(torch.bfloat16)}[layout]
-    product, weight = make(torch.randn(80, 96 + 32))
+    product, weight = _LAYOUTS[layout](torch.randn(out, 96 + 32))
     x = torch.randn(40, 128)
     full = product(x, avx2)
-    assert full.dtype == torch.float32 and full.shape == (40, 80)
+    assert full.dtype == torch.float32 and full.shape == (40, out)
     rows = _quantized_rows(x) if layout.startswith("int") else x
     torch.testing.assert_close(full, rows.double().mm(weight.double().t()).float(), rtol=1e-4, atol=1e-3)
     for n in (1, 2, 5, 17):
         assert torch.equal(product(x[:n].contiguous(), avx2), full[:n])
     assert all(torch.equal(product(x[i : i + 1].contiguous(), avx2), full[i : i + 1]) for i in range(40))
+
+
+@pytest.mark.skipif(not cpu.has_avx2(), reason="needs AVX2, FMA and F16C")
+@pytest.mark.parametrize("layout", ["int4", "int8"])
+def test_quantized_products_are_the_same_on_both_vector_paths(layout):
+    torch.manual_seed(2)
+    product, _ = _LAYOUTS[layout](torch.randn(48, 256))
+    x = torch.randn(7, 256) * torch.logspace(-3, 3, 256)  # outlier channels: large integer dots
+    assert torch.equal(product(x, True), product(x, False))
 
 
 def test_dense_bias_and_bad_shapes():
@@ -99,15 +112,30 @@ def test_attention_equals_softmax_and_each_query_reads_only_its_keys(avx2, cache
         mask = torch.rand(5, 20) > 0.3
         mask[torch.arange(5), tok_keys - 1] = True  # every query sees itself
     q = torch.randn(5, heads, d)
-    out = native.module().paged_attention(q, kc, vc, slots, tok_seq, tok_keys, mask, 0.2, avx2)
+    out = native.module().paged_attention(q, kc, vc, slots, tok_seq, tok_keys, mask, None, None, None, 0.2, avx2)
     reference = _attention_reference(q, kc, vc, slots, tok_seq, tok_keys, mask, 0.2)
     torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-5)
     for t in range(5):  # alone, with padding keys the others left in `slots`
         alone = native.module().paged_attention(
             q[t : t + 1].contiguous(), kc, vc, slots[tok_seq[t] : tok_seq[t] + 1], torch.tensor([0]), tok_keys[t : t + 1],
-            None if mask is None else mask[t : t + 1].contiguous(), 0.2, avx2
+            None if mask is None else mask[t : t + 1].contiguous(), None, None, None, 0.2, avx2
         )
         assert torch.equal(alone, out[t : t + 1])
+
+
+def test_attention_writes_the_new_keys_and_values_and_reads_strided_queries():
+    torch.manual_seed(5)
+    kc, vc = torch.randn(32, 2, 16), torch.randn(32, 2, 16)
+    qkv = torch.randn(3, (4 + 2 + 2) * 16)  # one fused row per token: 4 query heads, then k, then v
+    q, k, v = (qkv[:, a * 16 : b * 16].view(3, -1, 16) for a, b in ((0, 4), (4, 6), (6, 8)))
+    slots, tok_seq, tok_keys = torch.arange(32)[None], torch.zeros(3, dtype=torch.long), torch.tensor([9, 10, 11])
+    new = torch.tensor([8, 9, 10])
+    expected_k, expected_v = kc.index_copy(0, new, k), vc.index_copy(0, new, v)
+    expected = native.module().paged_attention(q.contiguous(), expected_k, expected_v, slots, tok_seq, tok_keys, None, None, None, None, 0.3, False)
+    out = native.module().paged_attention(q, kc, vc, slots, tok_seq, tok_keys, None, k, v, new, 0.3, False)
+    assert torch.equal(kc, expected_k) and torch.equal(vc, expected_v) and torch.equal(out, expected)
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        native.module().paged_attention(q, kc, vc, slots, tok_seq, tok_keys, None, k, v, torch.tensor([8, 9, 99]), 0.3, False)
 
 
 def test_the_cpu_cap_picks_the_scalar_path(monkeypatch):
@@ -118,3 +146,27 @@ def test_the_cpu_cap_picks_the_scalar_path(monkeypatch):
     monkeypatch.setenv("SPECULANT_CPU_LEVEL", "avx9")
     with pytest.raises(ValueError, match="SPECULANT_CPU_LEVEL"):
         cpu.features()
+
+
+@pytest.mark.parametrize("avx2", _paths())
+def test_norms_equal_torch_and_are_row_invariant(avx2):
+    torch.manual_seed(3)
+    x, r, w = torch.randn(9, 100) * 3, torch.randn(9, 100), torch.rand(100) + 0.5  # 100: a tail after 8-lane chunks
+    out = native.module().rms_norm(x, w, 1e-6, avx2)
+    torch.testing.assert_close(out, torch.nn.functional.rms_norm(x, (100,), w, 1e-6), rtol=1e-5, atol=1e-5)
+    total, normed = native.module().add_rms_norm(x, r, w, 1e-6, avx2)
+    assert torch.equal(total, x + r) and torch.equal(normed, native.module().rms_norm(x + r, w, 1e-6, avx2))
+    for i in range(9):
+        assert torch.equal(native.module().rms_norm(x[i : i + 1].contiguous(), w, 1e-6, avx2), out[i : i + 1])
+    if cpu.has_avx2():
+        assert torch.equal(out, native.module().rms_norm(x, w, 1e-6, not avx2))
+
+
+def test_rotary_in_place_equals_the_torch_rotation():
+    from speculant.layers.rotary import apply_rotary
+
+    torch.manual_seed(4)
+    x, cos, sin = torch.randn(5, 7 * 16), torch.randn(5, 16), torch.randn(5, 16)
+    expected = apply_rotary(x[:, : 5 * 16].reshape(5, 5, 16), cos[:, None], sin[:, None])
+    native.module().rotary_(x, cos, sin, 5, 16)
+    assert torch.equal(x[:, : 5 * 16].reshape(5, 5, 16), expected)

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -36,16 +37,40 @@ void axpy_scalar(float p, const C* v, float* out, int64_t d) {
   for (int64_t i = 0; i < d; ++i) out[i] = std::fma(p, widen(v[i]), out[i]);
 }
 
+// out[i] = sum over visible keys j, in order, of fma(p[j], v_j[i], .) from 0: the values of a
+// query's keys weighted by its softmax. Columns go 64 at a time with the running sums in
+// registers (each column still takes one FMA per key, in key order, as a lone column would).
 template <typename C>
-SPECULANT_AVX2 void axpy_avx2(float p, const C* v, float* out, int64_t d) {
-  const __m256 pv = _mm256_set1_ps(p);
-  int64_t i = 0;
-  for (; i + 8 <= d; i += 8) _mm256_storeu_ps(out + i, _mm256_fmadd_ps(pv, load8(v + i), _mm256_loadu_ps(out + i)));
-  for (; i < d; ++i) out[i] = std::fma(p, widen(v[i]), out[i]);
+SPECULANT_AVX2 void weighted_sum_avx2(const float* p, const C* vc, const int64_t* row, const bool* visible, int64_t n,
+                                      int64_t stride, float* out, int64_t dv) {
+  int64_t c = 0;
+  for (; c + 64 <= dv; c += 64) {
+    __m256 acc[8];
+    for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; ++j) {
+      if (visible && !visible[j]) continue;
+      const __m256 pv = _mm256_set1_ps(p[j]);
+      const C* v = vc + row[j] * stride + c;
+      for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(pv, load8(v + 8 * i), acc[i]);
+    }
+    for (int i = 0; i < 8; ++i) _mm256_storeu_ps(out + c + 8 * i, acc[i]);
+  }
+  for (; c + 8 <= dv; c += 8) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; ++j)
+      if (!visible || visible[j]) acc = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), load8(vc + row[j] * stride + c), acc);
+    _mm256_storeu_ps(out + c, acc);
+  }
+  for (; c < dv; ++c) {
+    float acc = 0.f;
+    for (int64_t j = 0; j < n; ++j)
+      if (!visible || visible[j]) acc = std::fma(p[j], widen(vc[row[j] * stride + c]), acc);
+    out[c] = acc;
+  }
 }
 
 template <typename C>
-void attend(const float* q, const C* kc, const C* vc, const int64_t* slots, const int64_t* tok_seq,
+void attend(const float* q, int64_t q_stride, const C* kc, const C* vc, const int64_t* slots, const int64_t* tok_seq,
             const int64_t* tok_keys, const bool* mask, float* out, int64_t tokens, int64_t heads,
             int64_t kv_heads, int64_t d, int64_t dv, int64_t max_keys, float scale, bool avx2) {
   const int64_t group = heads / kv_heads;
@@ -55,7 +80,7 @@ void attend(const float* q, const C* kc, const C* vc, const int64_t* slots, cons
       const int64_t t = th / heads, h = th % heads, kh = h / group, n = tok_keys[t];
       const int64_t* row = slots + tok_seq[t] * max_keys;
       const bool* visible = mask ? mask + t * max_keys : nullptr;
-      const float* qv = q + th * d;
+      const float* qv = q + t * q_stride + h * d;
       float top = -std::numeric_limits<float>::infinity();
       for (int64_t j = 0; j < n; ++j) {
         if (visible && !visible[j]) continue;
@@ -70,11 +95,12 @@ void attend(const float* q, const C* kc, const C* vc, const int64_t* slots, cons
         total += score[j];
       }
       float* o = out + th * dv;
-      for (int64_t i = 0; i < dv; ++i) o[i] = 0.f;
-      for (int64_t j = 0; j < n; ++j) {
-        if (visible && !visible[j]) continue;
-        const C* value = vc + (row[j] * kv_heads + kh) * dv;
-        avx2 ? axpy_avx2(score[j], value, o, dv) : axpy_scalar(score[j], value, o, dv);
+      if (avx2) {
+        weighted_sum_avx2(score.data(), vc + kh * dv, row, visible, n, kv_heads * dv, o, dv);
+      } else {
+        for (int64_t i = 0; i < dv; ++i) o[i] = 0.f;
+        for (int64_t j = 0; j < n; ++j)
+          if (!visible || visible[j]) axpy_scalar(score[j], vc + (row[j] * kv_heads + kh) * dv, o, dv);
       }
       const float inv = 1.f / total;
       for (int64_t i = 0; i < dv; ++i) o[i] *= inv;
@@ -82,20 +108,45 @@ void attend(const float* q, const C* kc, const C* vc, const int64_t* slots, cons
   });
 }
 
+// Writes each new token's key and value rows into its cache slot: src [T, Hk, D] with rows at any
+// stride (a view of the fused QKV product), each row's heads contiguous.
+void write_rows(const at::Tensor& src, at::Tensor& cache, const at::Tensor& slot_mapping) {
+  TORCH_CHECK(src.dim() == 3 && src.scalar_type() == cache.scalar_type() && src.size(1) == cache.size(1) &&
+                  src.size(2) == cache.size(2) && src.stride(2) == 1 && src.stride(1) == src.size(2),
+              "new keys/values must be [T, Hk, D] in the cache's dtype, each row's heads contiguous");
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.numel() == src.size(0), "slot_mapping must be [T] int64");
+  const int64_t row = src.size(1) * src.size(2), bytes = row * src.element_size(), slots = cache.size(0);
+  const int64_t* map = slot_mapping.data_ptr<int64_t>();
+  const auto* from = static_cast<const char*>(src.data_ptr());
+  auto* to = static_cast<char*>(cache.data_ptr());
+  for (int64_t t = 0; t < src.size(0); ++t) {
+    TORCH_CHECK(map[t] >= 0 && map[t] < slots, "slot ", map[t], " is outside the cache");
+    std::memcpy(to + map[t] * bytes, from + t * src.stride(0) * src.element_size(), bytes);
+  }
+}
+
 }  // namespace
 
-// q [T, H, D] f32; k_cache [S, Hk, D], v_cache [S, Hk, Dv] (f32 or bf16); slots [B, L] i64 (each
-// sequence's key slots in position order); tok_seq [T] i64; tok_keys [T] i64 (query t reads
-// slots[tok_seq[t], :tok_keys[t]]); mask [T, L] bool or undefined (a tree: which of those it sees)
-// -> [T, H * Dv] f32
+// q [T, H, D] f32 (rows at any stride, each row's heads contiguous); k_cache [S, Hk, D], v_cache
+// [S, Hk, Dv] (f32 or bf16); slots [B, L] i64 (each sequence's key slots in position order);
+// tok_seq [T] i64; tok_keys [T] i64 (query t reads slots[tok_seq[t], :tok_keys[t]]); mask [T, L]
+// bool or undefined (a tree: which of those it sees); new_kv: (k [T, Hk, D], v [T, Hk, Dv],
+// slot_mapping [T] i64) written into the caches first, or undefined -> [T, H * Dv] f32
 at::Tensor paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor slots,
                               at::Tensor tok_seq, at::Tensor tok_keys, c10::optional<at::Tensor> mask,
-                              double scale, bool avx2) {
-  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.is_contiguous(), "q must be [T, H, D] float32, contiguous");
+                              c10::optional<at::Tensor> k_new, c10::optional<at::Tensor> v_new,
+                              c10::optional<at::Tensor> slot_mapping, double scale, bool avx2) {
+  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.stride(2) == 1 && q.stride(1) == q.size(2),
+              "q must be [T, H, D] float32, each row's heads contiguous");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "the caches must be contiguous");
   TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "k and v caches must share a dtype");
   TORCH_CHECK(slots.scalar_type() == at::kLong && tok_seq.scalar_type() == at::kLong && tok_keys.scalar_type() == at::kLong,
               "slots, tok_seq and tok_keys must be int64");
+  if (k_new && k_new->defined()) {
+    TORCH_CHECK(v_new && v_new->defined() && slot_mapping && slot_mapping->defined(), "new keys need values and slots");
+    write_rows(*k_new, k_cache, *slot_mapping);
+    write_rows(*v_new, v_cache, *slot_mapping);
+  }
   const int64_t tokens = q.size(0), heads = q.size(1), d = q.size(2);
   const int64_t kv_heads = k_cache.size(1), dv = v_cache.size(2), max_keys = slots.size(1);
   TORCH_CHECK(heads % kv_heads == 0 && k_cache.size(2) == d, "head shapes do not match");
@@ -108,11 +159,11 @@ at::Tensor paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
   const int64_t *sp = slots.data_ptr<int64_t>(), *ts = tok_seq.data_ptr<int64_t>(), *tk = tok_keys.data_ptr<int64_t>();
   const float sc = static_cast<float>(scale);
   if (k_cache.scalar_type() == at::kFloat) {
-    attend(q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), sp, ts, tk, m, out.data_ptr<float>(),
+    attend(q.data_ptr<float>(), q.stride(0), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), sp, ts, tk, m, out.data_ptr<float>(),
            tokens, heads, kv_heads, d, dv, max_keys, sc, avx2);
   } else {
     TORCH_CHECK(k_cache.scalar_type() == at::kBFloat16, "caches must be float32 or bfloat16");
-    attend(q.data_ptr<float>(), reinterpret_cast<const uint16_t*>(k_cache.data_ptr<at::BFloat16>()),
+    attend(q.data_ptr<float>(), q.stride(0), reinterpret_cast<const uint16_t*>(k_cache.data_ptr<at::BFloat16>()),
            reinterpret_cast<const uint16_t*>(v_cache.data_ptr<at::BFloat16>()), sp, ts, tk, m, out.data_ptr<float>(), tokens,
            heads, kv_heads, d, dv, max_keys, sc, avx2);
   }

@@ -1,19 +1,28 @@
-// Row-invariant CPU products: y[t, n] = sum_k x[t, k] * w[n, k], with float32 output.
+// Row-invariant CPU products of quantized weights: y[t, n] = sum_k x[t, k] * w[n, k], float32 out.
 //
-// Every output element is computed by one fixed sequence of operations over k, whatever the
-// number of rows T, the thread count or how rows and weights are tiled, so a row of a T-row
-// product is bit for bit that row alone (what makes a (k+1)-row verification compute what k+1
-// one-row steps compute). Quantized weights take activations quantized per 32-value block to
-// int16 (scale max|x| / 32767): the block's integer dot product is exact, then scaled and summed
-// in block order. (int8 activations, ggml's Q8_0 scheme, lost too much on small models whose
-// hidden states carry outlier channels: smollm2-135m stopped answering simple questions.) Two paths: AVX2+FMA and portable scalar; each is row-invariant on its own.
+// Activations are quantized per 32-value block to int16 (scale max|x| / 32767; int8 blocks, ggml's
+// Q8_0 scheme, lost simple answers on small models whose hidden states carry outlier channels).
+// Each (t, n) runs one fixed sequence whatever the number of rows T, the threads or the tiling:
+// per block b, the exact integer dot S_b (|S_b| < 2^24, so its float is exact), then
+// acc = fma(d_b * xs_b, S_b, acc) (and for int4, acc = fma(m_b, xsum_b, acc)), blocks in order. A
+// row of a T-row product is therefore bit for bit that row alone, and the AVX2 and scalar paths
+// agree exactly.
+//
+// Weights are repacked in groups of 8 output rows so that a vector's 8 lanes are 8 outputs: in
+// block b, step s holds for each row r the value pair (k, k + 1) = (2s, 2s + 1) as int16 lanes
+// (2r, 2r + 1), so one madd against the broadcast activation pair adds both products into lane r.
+// int4: [N/8, nb, 8 steps, 16 bytes], byte 2r + e = q[r][2s + e] | q[r][16 + 2s + e] << 4.
+// int8: [N/8, nb, 16 steps, 16 bytes], byte 2r + e = q[r][2s + e].
+// Scales: int4 d, m [N/8, nb, 8]; int8 scale [N/8 * 8]. N is padded to 8 by the packer; only
+// n_out outputs are written.
 #include <ATen/Parallel.h>
 #include <ATen/ATen.h>
 
 #include <cmath>
 #include <algorithm>
 #include <cstdint>
-#include <tuple>
+#include <cstring>
+#include <vector>
 
 #include "simd.h"
 
@@ -22,6 +31,7 @@ namespace speculant {
 namespace {
 
 constexpr int64_t QK = 32;  // activations per quantization block (= the int4 group size)
+constexpr int64_t G = 8;    // output rows per weight group (the vector's lanes)
 
 // ---- activation quantization (one implementation for both paths) ----------------------------
 
@@ -43,138 +53,130 @@ void quantize_row(const float* x, int64_t k, int16_t* q, float* scale, float* su
   }
 }
 
-struct QuantRows {
-  at::Tensor q, scale, sum;  // [T, K] int16, [T, K/32] f32, [T, K/32] f32 (scale * sum(q))
+struct Rows {  // the quantized activations, in the calling thread's scratch buffers
+  const int16_t* x;    // [T, K]
+  const float* xs;     // [T, K/32] block scales
+  const float* xsum;   // [T, K/32] scale * sum(q) of each block
+  int64_t k, nb;
 };
 
-QuantRows quantize_rows(const at::Tensor& x) {
-  const int64_t rows = x.size(0), k = x.size(1);
-  QuantRows r{at::empty({rows, k}, x.options().dtype(at::kShort)),
-              at::empty({rows, k / QK}, x.options()), at::empty({rows, k / QK}, x.options())};
+Rows quantize_rows(const at::Tensor& x) {
+  thread_local std::vector<int16_t> q;  // reused call after call: no allocation per product
+  thread_local std::vector<float> scale, sum;
+  const int64_t rows = x.size(0), k = x.size(1), nb = k / QK;
+  q.resize(rows * k), scale.resize(rows * nb), sum.resize(rows * nb);
   const float* xp = x.data_ptr<float>();
-  int16_t* qp = r.q.data_ptr<int16_t>();
-  float *sp = r.scale.data_ptr<float>(), *up = r.sum.data_ptr<float>();
+  int16_t* qp = q.data();
+  float *sp = scale.data(), *up = sum.data();
   at::parallel_for(0, rows, 16, [&](int64_t a, int64_t e) {
-    for (int64_t t = a; t < e; ++t) quantize_row(xp + t * k, k, qp + t * k, sp + t * (k / QK), up + t * (k / QK));
+    for (int64_t t = a; t < e; ++t) quantize_row(xp + t * k, k, qp + t * k, sp + t * nb, up + t * nb);
   });
-  return r;
+  return Rows{qp, sp, up, k, nb};
 }
 
-// ---- int4 groups: w = d * q + m per 32-weight block, q in 0..15 packed two per byte ------------
-// byte j of a block holds q[j] (low nibble) and q[j + 16] (high nibble).
+// ---- scalar path: one (t, n) pair ---------------------------------------------------------------
 
-float q4_dot_scalar(const uint8_t* w, const float* d, const float* m, const int16_t* x, const float* xs,
-                    const float* xsum, int64_t nb) {
-  float acc = 0.f, accm = 0.f;
-  for (int64_t b = 0; b < nb; ++b) {
-    int32_t s = 0;
-    for (int j = 0; j < 16; ++j) {
-      s += (w[b * 16 + j] & 15) * x[b * QK + j];
-      s += (w[b * 16 + j] >> 4) * x[b * QK + 16 + j];
-    }
-    acc = std::fma(d[b] * xs[b], static_cast<float>(s), acc);
-    accm = std::fma(m[b], xsum[b], accm);
-  }
-  return acc + accm;
-}
-
-// A tile of R weight rows x C activation rows; each (row, weight row) pair runs exactly the
-// operations a lone pair would (blocks in order, one FMA into its own accumulator per block), so
-// the tile shape changes speed, never a result.
-template <int R, int C>
-SPECULANT_AVX2 void q4_tile_avx2(const uint8_t* w, const float* d, const float* m, const int16_t* x, const float* xs,
-                                 const float* xsum, int64_t nb, int64_t k, float* y, int64_t n_out) {
-  const __m128i low = _mm_set1_epi8(15);
-  __m256 acc[R][C];
-  float accm[R][C];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps(), accm[r][c] = 0.f;
-  for (int64_t b = 0; b < nb; ++b) {
-    __m256i qa[R], qb[R];  // values 0..15 as int16: the block's first and second 16
-    for (int r = 0; r < R; ++r) {
-      const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + (r * nb + b) * 16));
-      qa[r] = _mm256_cvtepu8_epi16(_mm_and_si128(packed, low));
-      qb[r] = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), low));
-    }
-    for (int c = 0; c < C; ++c) {
-      const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + c * k + b * QK));
-      const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + c * k + b * QK + 16));
-      for (int r = 0; r < R; ++r) {
-        const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(qa[r], xa), _mm256_madd_epi16(qb[r], xb));  // 8 x int32
-        acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(d[r * nb + b] * xs[c * nb + b]), _mm256_cvtepi32_ps(s), acc[r][c]);
-        accm[r][c] = std::fma(m[r * nb + b], xsum[c * nb + b], accm[r][c]);
-      }
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) y[c * n_out + r] = hsum_avx2(acc[r][c]) + accm[r][c];
-}
-
-// ---- int8 rows: w = scale[n] * q ------------------------------------------------------------------
-
-float q8_dot_scalar(const int8_t* w, const int16_t* x, const float* xs, int64_t nb) {
+float q4_dot_scalar(const uint8_t* w, const float* d, const float* m, int r, const Rows& a, int64_t t) {
+  const int16_t* x = a.x + t * a.k;
   float acc = 0.f;
-  for (int64_t b = 0; b < nb; ++b) {
+  for (int64_t b = 0; b < a.nb; ++b) {
     int32_t s = 0;
-    for (int j = 0; j < QK; ++j) s += w[b * QK + j] * x[b * QK + j];
-    acc = std::fma(xs[b], static_cast<float>(s), acc);
+    for (int st = 0; st < 8; ++st)
+      for (int e = 0; e < 2; ++e) {
+        const uint8_t v = w[b * 128 + st * 16 + 2 * r + e];
+        s += (v & 15) * x[b * QK + 2 * st + e] + (v >> 4) * x[b * QK + 16 + 2 * st + e];
+      }
+    acc = std::fma(d[b * G + r] * a.xs[t * a.nb + b], static_cast<float>(s), acc);
+    acc = std::fma(m[b * G + r], a.xsum[t * a.nb + b], acc);
   }
   return acc;
 }
 
-template <int R, int C>
-SPECULANT_AVX2 void q8_tile_avx2(const int8_t* w, const float* scale, const int16_t* x, const float* xs, int64_t nb,
-                                 int64_t k, float* y, int64_t n_out) {
-  __m256 acc[R][C];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    __m256i wa[R], wb[R];  // the block's weights as int16: first and second 16
-    for (int r = 0; r < R; ++r) {
-      wa[r] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + r * k + b * QK)));
-      wb[r] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + r * k + b * QK + 16)));
-    }
-    for (int c = 0; c < C; ++c) {
-      const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + c * k + b * QK));
-      const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + c * k + b * QK + 16));
-      for (int r = 0; r < R; ++r) {
-        const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(wa[r], xa), _mm256_madd_epi16(wb[r], xb));  // 8 x int32
-        acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(xs[c * nb + b]), _mm256_cvtepi32_ps(s), acc[r][c]);
+float q8_dot_scalar(const int8_t* w, int r, const Rows& a, int64_t t) {
+  const int16_t* x = a.x + t * a.k;
+  float acc = 0.f;
+  for (int64_t b = 0; b < a.nb; ++b) {
+    int32_t s = 0;
+    for (int st = 0; st < 16; ++st)
+      for (int e = 0; e < 2; ++e) s += w[b * 256 + st * 16 + 2 * r + e] * x[b * QK + 2 * st + e];
+    acc = std::fma(a.xs[t * a.nb + b], static_cast<float>(s), acc);
+  }
+  return acc;
+}
+
+// ---- AVX2 tiles: one group of 8 weight rows x C activation rows ----------------------------------
+
+SPECULANT_AVX2 inline __m256i pair_at(const int16_t* x) {  // x[0], x[1] in every 32-bit lane
+  int32_t v;
+  std::memcpy(&v, x, 4);
+  return _mm256_set1_epi32(v);
+}
+
+SPECULANT_AVX2 inline void store_group(float* y, __m256 v, int64_t valid) {
+  if (valid == G) return _mm256_storeu_ps(y, v);
+  alignas(32) float tmp[G];
+  _mm256_store_ps(tmp, v);
+  std::memcpy(y, tmp, valid * sizeof(float));
+}
+
+template <int C>
+SPECULANT_AVX2 void q4_tile_avx2(const uint8_t* w, const float* d, const float* m, const Rows& a, int64_t t, float* y,
+                                 int64_t n_out, int64_t valid) {
+  const __m128i low = _mm_set1_epi8(15);
+  __m256 acc[C];
+  for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < a.nb; ++b) {
+    __m256i s[C];
+    for (int c = 0; c < C; ++c) s[c] = _mm256_setzero_si256();
+    for (int st = 0; st < 8; ++st) {
+      const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + b * 128 + st * 16));
+      const __m256i lo = _mm256_cvtepu8_epi16(_mm_and_si128(packed, low));
+      const __m256i hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), low));
+      for (int c = 0; c < C; ++c) {
+        const int16_t* x = a.x + (t + c) * a.k + b * QK + 2 * st;
+        s[c] = _mm256_add_epi32(s[c], _mm256_add_epi32(_mm256_madd_epi16(lo, pair_at(x)), _mm256_madd_epi16(hi, pair_at(x + 16))));
       }
+    }
+    const __m256 dv = _mm256_loadu_ps(d + b * G), mv = _mm256_loadu_ps(m + b * G);
+    for (int c = 0; c < C; ++c) {
+      const int64_t i = (t + c) * a.nb + b;
+      acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_set1_ps(a.xs[i])), _mm256_cvtepi32_ps(s[c]), acc[c]);
+      acc[c] = _mm256_fmadd_ps(mv, _mm256_set1_ps(a.xsum[i]), acc[c]);
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) y[c * n_out + r] = scale[r] * hsum_avx2(acc[r][c]);
+  for (int c = 0; c < C; ++c) store_group(y + c * n_out, acc[c], valid);
 }
 
-// ---- the drivers: threads split the weight's rows; every (t, n) runs the same dot ------------------
-
-template <typename Dot>
-void for_each_pair(int64_t rows, int64_t n_out, float* y, Dot dot) {
-  at::parallel_for(0, n_out, 8, [&](int64_t a, int64_t e) {
-    for (int64_t n = a; n < e; ++n)
-      for (int64_t t = 0; t < rows; ++t) y[t * n_out + n] = dot(t, n);
-  });
+template <int C>
+SPECULANT_AVX2 void q8_tile_avx2(const int8_t* w, const float* scale, const Rows& a, int64_t t, float* y, int64_t n_out,
+                                 int64_t valid) {
+  __m256 acc[C];
+  for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < a.nb; ++b) {
+    __m256i s[C];
+    for (int c = 0; c < C; ++c) s[c] = _mm256_setzero_si256();
+    for (int st = 0; st < 16; ++st) {
+      const __m256i wv = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + b * 256 + st * 16)));
+      for (int c = 0; c < C; ++c)
+        s[c] = _mm256_add_epi32(s[c], _mm256_madd_epi16(wv, pair_at(a.x + (t + c) * a.k + b * QK + 2 * st)));
+    }
+    for (int c = 0; c < C; ++c)
+      acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(a.xs[(t + c) * a.nb + b]), _mm256_cvtepi32_ps(s[c]), acc[c]);
+  }
+  const __m256 sv = _mm256_loadu_ps(scale);
+  for (int c = 0; c < C; ++c) store_group(y + c * n_out, _mm256_mul_ps(sv, acc[c]), valid);
 }
 
-// Runs tile(n, t, R, C) over the [rows, n_out] output: groups of R weight rows split among the
-// threads (R = 4 for one row, where four pairs in flight hide the FMA latency; 2 otherwise, as
-// eight accumulators fill the registers), activation rows C = 4 at a time, the rest one by one.
+// ---- the driver: threads split the weight's groups; rows go 4 at a time, then the rest --------------
+
 template <typename Tile>
-void for_each_tile(int64_t rows, int64_t n_out, Tile tile) {
-  const int64_t group = rows == 1 ? 4 : 2;
-  at::parallel_for(0, (n_out + group - 1) / group, 4, [&](int64_t a, int64_t e) {
+void for_each_group(int64_t rows, int64_t n_out, Tile tile) {
+  at::parallel_for(0, (n_out + G - 1) / G, 2, [&](int64_t a, int64_t e) {
     for (int64_t g = a; g < e; ++g) {
-      const int64_t n = g * group, r = std::min(group, n_out - n);
+      const int64_t valid = std::min(G, n_out - g * G);
       int64_t t = 0;
-      for (; r == group && t + 4 <= rows && group == 2; t += 4) tile(n, t, 2, 4);
-      for (; t < rows; ++t) {
-        if (r == group) {
-          tile(n, t, group, 1);
-        } else {
-          for (int64_t i = 0; i < r; ++i) tile(n + i, t, 1, 1);
-        }
-      }
+      for (; t + 4 <= rows; t += 4) tile(g, t, 4, valid);
+      if (t < rows) tile(g, t, rows - t, valid);
     }
   });
 }
@@ -186,58 +188,52 @@ void check_rows(const at::Tensor& x, int64_t k) {
 
 }  // namespace
 
-// x [T, K] f32; packed [N, K/2] u8; d, m [N, K/32] f32 -> [T, N] f32
-at::Tensor int4_linear(at::Tensor x, at::Tensor packed, at::Tensor d, at::Tensor m, bool avx2) {
-  const int64_t n_out = packed.size(0), k = packed.size(1) * 2, nb = k / QK;
+// x [T, K] f32; packed [N/8, K/32 * 128] u8; d, m [N/8, K/32 * 8] f32 -> [T, n_out] f32
+at::Tensor int4_linear(at::Tensor x, at::Tensor packed, at::Tensor d, at::Tensor m, int64_t n_out, bool avx2) {
+  const int64_t k = packed.size(1) / 128 * QK, nb = k / QK;
+  TORCH_CHECK(packed.size(0) * G >= n_out, "int4 weight has fewer than ", n_out, " rows");
   check_rows(x, k);
-  const QuantRows xq = quantize_rows(x);
+  const Rows a = quantize_rows(x);
   auto y = at::empty({x.size(0), n_out}, x.options());
   const uint8_t* w = packed.data_ptr<uint8_t>();
   const float *dp = d.data_ptr<float>(), *mp = m.data_ptr<float>();
-  const int16_t* q = xq.q.data_ptr<int16_t>();
-  const float *xs = xq.scale.data_ptr<float>(), *xsum = xq.sum.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  if (!avx2) {
-    auto dot = [&](int64_t t, int64_t n) {
-      return q4_dot_scalar(w + n * nb * 16, dp + n * nb, mp + n * nb, q + t * k, xs + t * nb, xsum + t * nb, nb);
-    };
-    for_each_pair(x.size(0), n_out, yp, dot);
-    return y;
-  }
-  auto tile = [&](int64_t n, int64_t t, int64_t r, int64_t c) {
-    const auto args = std::make_tuple(w + n * nb * 16, dp + n * nb, mp + n * nb, q + t * k, xs + t * nb, xsum + t * nb, nb, k, yp + t * n_out + n, n_out);
-    if (r == 4) std::apply(q4_tile_avx2<4, 1>, args);
-    else if (r == 2 && c == 4) std::apply(q4_tile_avx2<2, 4>, args);
-    else if (r == 2) std::apply(q4_tile_avx2<2, 1>, args);
-    else std::apply(q4_tile_avx2<1, 1>, args);
-  };
-  for_each_tile(x.size(0), n_out, tile);
+  for_each_group(x.size(0), n_out, [&](int64_t g, int64_t t, int64_t c, int64_t valid) {
+    const uint8_t* wg = w + g * nb * 128;
+    const float *dg = dp + g * nb * G, *mg = mp + g * nb * G;
+    float* yg = yp + t * n_out + g * G;
+    if (!avx2) {
+      for (int64_t i = 0; i < c; ++i)
+        for (int r = 0; r < valid; ++r) yg[i * n_out + r] = q4_dot_scalar(wg, dg, mg, r, a, t + i);
+    } else if (c == 4) q4_tile_avx2<4>(wg, dg, mg, a, t, yg, n_out, valid);
+    else if (c == 3) q4_tile_avx2<3>(wg, dg, mg, a, t, yg, n_out, valid);
+    else if (c == 2) q4_tile_avx2<2>(wg, dg, mg, a, t, yg, n_out, valid);
+    else q4_tile_avx2<1>(wg, dg, mg, a, t, yg, n_out, valid);
+  });
   return y;
 }
 
-// x [T, K] f32; q [N, K] i8; scale [N] f32 -> [T, N] f32
-at::Tensor int8_linear(at::Tensor x, at::Tensor wq, at::Tensor scale, bool avx2) {
-  const int64_t n_out = wq.size(0), k = wq.size(1), nb = k / QK;
+// x [T, K] f32; packed [N/8, K/32 * 256] i8; scale [N/8 * 8] f32 -> [T, n_out] f32
+at::Tensor int8_linear(at::Tensor x, at::Tensor packed, at::Tensor scale, int64_t n_out, bool avx2) {
+  const int64_t k = packed.size(1) / 256 * QK, nb = k / QK;
+  TORCH_CHECK(packed.size(0) * G >= n_out && scale.numel() == packed.size(0) * G, "int8 weight and scales disagree");
   check_rows(x, k);
-  const QuantRows xq = quantize_rows(x);
+  const Rows a = quantize_rows(x);
   auto y = at::empty({x.size(0), n_out}, x.options());
-  const int8_t* w = wq.data_ptr<int8_t>();
-  const int16_t* q = xq.q.data_ptr<int16_t>();
-  const float *sp = scale.data_ptr<float>(), *xs = xq.scale.data_ptr<float>();
+  const int8_t* w = packed.data_ptr<int8_t>();
+  const float* sp = scale.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  if (!avx2) {
-    auto dot = [&](int64_t t, int64_t n) { return sp[n] * q8_dot_scalar(w + n * k, q + t * k, xs + t * nb, nb); };
-    for_each_pair(x.size(0), n_out, yp, dot);
-    return y;
-  }
-  auto tile = [&](int64_t n, int64_t t, int64_t r, int64_t c) {
-    const auto args = std::make_tuple(w + n * k, sp + n, q + t * k, xs + t * nb, nb, k, yp + t * n_out + n, n_out);
-    if (r == 4) std::apply(q8_tile_avx2<4, 1>, args);
-    else if (r == 2 && c == 4) std::apply(q8_tile_avx2<2, 4>, args);
-    else if (r == 2) std::apply(q8_tile_avx2<2, 1>, args);
-    else std::apply(q8_tile_avx2<1, 1>, args);
-  };
-  for_each_tile(x.size(0), n_out, tile);
+  for_each_group(x.size(0), n_out, [&](int64_t g, int64_t t, int64_t c, int64_t valid) {
+    const int8_t* wg = w + g * nb * 256;
+    float* yg = yp + t * n_out + g * G;
+    if (!avx2) {
+      for (int64_t i = 0; i < c; ++i)
+        for (int r = 0; r < valid; ++r) yg[i * n_out + r] = sp[g * G + r] * q8_dot_scalar(wg, r, a, t + i);
+    } else if (c == 4) q8_tile_avx2<4>(wg, sp + g * G, a, t, yg, n_out, valid);
+    else if (c == 3) q8_tile_avx2<3>(wg, sp + g * G, a, t, yg, n_out, valid);
+    else if (c == 2) q8_tile_avx2<2>(wg, sp + g * G, a, t, yg, n_out, valid);
+    else q8_tile_avx2<1>(wg, sp + g * G, a, t, yg, n_out, valid);
+  });
   return y;
 }
 
