@@ -15,18 +15,20 @@ import torch
 from speculant.attention.batch import SeqInput
 from speculant.core import Batch, DraftProposal, Request, StepOutput, StepResult
 from speculant.engine.readout import read_step
+from speculant.engine.stage_parts import StageParts
+from speculant.engine.token_pool import TokenPool
 from speculant.executor.plan import TARGET, ForwardPlan
 from speculant.sampling.acceptance import accept_drafts, accept_greedy, pad_ragged
 from speculant.sampling.sampler import SamplingTensors, processed_probs
 
 
-def verify_chain(engine, batch: Batch, proposal: DraftProposal) -> tuple[StepOutput, StepResult]:
+def verify_chain(parts: StageParts, batch: Batch, proposal: DraftProposal) -> tuple[StepOutput, StepResult]:
     """The engine's verify stage for a chain proposal."""
     requests, ks = batch.requests, proposal.num_drafts
-    inputs = [SeqInput([0] * (k + 1), r.num_computed_tokens, engine.pages.table(r.request_id), logits="all") for r, k in zip(requests, ks)]
-    out = engine.executor.run(ForwardPlan(TARGET, inputs, input_ids=verify_ids(engine, requests, proposal)))
+    inputs = [SeqInput([0] * (k + 1), r.num_computed_tokens, parts.pages.table(r.request_id), logits="all") for r, k in zip(requests, ks)]
+    out = parts.executor.run(ForwardPlan(TARGET, inputs, input_ids=verify_ids(parts.pool, requests, proposal)))
     logits = out.logits  # [sum(k_b + 1), V]
-    st = engine.rows.tensors(requests)
+    st = parts.rows.tensors(requests)
     if st.all_greedy:  # no probabilities, no noise
         counts = torch.tensor([k + 1 for k in ks], device=logits.device)
         argmax = pad_ragged(logits.argmax(-1), counts, proposal.token_ids.shape[1] + 1)  # [B, k_max + 1]
@@ -35,27 +37,27 @@ def verify_chain(engine, batch: Batch, proposal: DraftProposal) -> tuple[StepOut
         target_probs = _padded_target_probs(st, proposal, logits)
         result = accept_drafts(
             proposal.token_ids, torch.tensor(ks), proposal.draft_probs, target_probs,
-            [r.noise for r in requests], [r.num_tokens for r in requests], engine.generator,
+            [r.noise for r in requests], [r.num_tokens for r in requests], parts.generator,
         )
     offsets = row_offsets([k + 1 for k in ks])
     bonus = result.token_ids.gather(1, result.num_accepted[:, None])[:, 0]  # [B]
     starts = [r.num_computed_tokens for r in requests]
     step = StepResult(requests, offsets, starts, out.hidden, result.num_accepted, bonus, None, speculative=True)
-    engine.pool.write(requests, result.token_ids, [r.num_tokens for r in requests])
-    engine.executor.drive(engine.proposer.launch(step))  # before the host reads the step
+    parts.pool.write(requests, result.token_ids, [r.num_tokens for r in requests])
+    parts.executor.drive(parts.proposer.launch(step))  # before the host reads the step
     width = result.token_ids.shape[1]
     rows = torch.tensor([[offsets[b] + min(j, k) for j in range(width)] for b, k in enumerate(ks)], device=logits.device)
-    with engine.timeline.span("read"):
+    with parts.timeline.span("read"):
         step_out, num_emitted, _ = read_step(result.token_ids, result.num_emitted, logits, rows, requests)
     step_out.proposed = list(ks)
     return step_out, dataclasses.replace(step, accepted_counts=[n - 1 for n in num_emitted])
 
 
-def verify_ids(engine, requests: list[Request], proposal: DraftProposal) -> torch.Tensor:
-    """[sum(k_b + 1)] each sequence's last token then its drafts, gathered on the device."""
-    device = engine.device
+def verify_ids(pool: TokenPool, requests: list[Request], proposal: DraftProposal) -> torch.Tensor:
+    """[sum(k_b + 1)] each sequence's last token then its drafts, gathered on the pool's device."""
+    device = pool.device
     drafts = proposal.token_ids.to(device, non_blocking=True)  # [B, k_max]
-    last = engine.pool.gather(requests, [[r.num_tokens - 1] for r in requests])  # [B]
+    last = pool.gather(requests, [[r.num_tokens - 1] for r in requests])  # [B]
     grid = torch.cat([last[:, None], drafts], 1).reshape(-1)  # [B * (k_max + 1)]
     width = drafts.shape[1] + 1
     flat = [b * width + j for b, k in enumerate(proposal.num_drafts) for j in range(k + 1)]

@@ -24,17 +24,17 @@ from speculant.core import (
     StepResult,
 )
 from speculant.engine.chain_verify import verify_chain
+from speculant.engine.executor_factory import create_executor
 from speculant.engine.memory import plan_engine, resolve_budget
 from speculant.engine.output import OutputProcessor
 from speculant.engine.sample_step import forward_and_sample
 from speculant.engine.sampling_rows import SamplingRows
+from speculant.engine.stage_parts import StageParts
 from speculant.engine.stats import EngineStats
 from speculant.engine.timeline import Timeline
 from speculant.engine.token_pool import TokenPool
 from speculant.engine.tree_verify import verify_tree
 from speculant.engine.worker import StepWorker
-from speculant.executor.executor import Executor
-from speculant.executor.loading import load_target
 from speculant.kv_cache.allocator import PageAllocator, PageTables
 from speculant.sampling.params import SamplingParams
 from speculant.sampling.rng import PositionNoise
@@ -77,6 +77,7 @@ class Engine:
         self.executor.timeline = self.timeline
         self.worker = StepWorker(self.timeline) if config.scheduler.overlap else None
         self._prepared: Batch | None = None  # the next step's batch, scheduled during this one
+        self.parts = StageParts(self.executor, self.proposer, self.pages, self.pool, self.rows, self.generator, self.timeline)
         self.stop_token_ids = _stop_token_ids(self.tokenizer, self.arch)
         self._ids = itertools.count()
 
@@ -209,11 +210,11 @@ class Engine:
     def _device_stage(self, batch: Batch, speculative: bool) -> tuple[StepOutput, StepResult]:
         """Propose → verify → accept → launch → the one read; leaves request state alone."""
         if not speculative:
-            return forward_and_sample(self, batch)
+            return forward_and_sample(self.parts, batch)
         with self.timeline.span("propose"):
             proposal = self.executor.drive(self.proposer.propose(batch))
         verify = verify_chain if proposal.tree is None else verify_tree
-        return verify(self, batch, proposal)
+        return verify(self.parts, batch, proposal)
 
     def _apply(self, batch: Batch, step_out: StepOutput, result: StepResult) -> None:
         """The step's KV growth and acceptance counts, on the host once the step is read."""
@@ -285,16 +286,3 @@ def _stop_token_ids(tokenizer, arch) -> frozenset[int]:
         vocab = tokenizer.get_vocab()
         ids |= {vocab[t] for t in ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>") if t in vocab}
     return frozenset(ids)
-
-
-def create_executor(config: EngineConfig, checkpoint=None) -> tuple[Executor, object]:
-    """(executor, tokenizer) for the engine: one rank, or the leader of a tensor-parallel group
-    (`speculant.distributed`) when `tensor_parallel_size` > 1. It lives above both executors,
-    so the base executor never imports its subclass."""
-    if config.parallel.tensor_parallel_size > 1:
-        from speculant.distributed.leader import TensorParallelExecutor
-
-        executor = TensorParallelExecutor(config, checkpoint)
-        return executor, executor.tokenizer
-    target, tokenizer, target_sha256 = load_target(config, checkpoint)
-    return Executor(target, target_sha256), tokenizer
