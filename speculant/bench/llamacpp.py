@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import pathlib
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     tokenizer = next(iter(llms.values())).tokenizer
     setup = {"args": vars(args), "machine": machine(), "commit": e2e.git_commit(), "gguf": path,
              "llama_cpp_python": llama_cpp.__version__, "threads": threads,
-             "command": "python -m speculant.bench.llamacpp " + " ".join(argv or [])}
+             "command": " ".join(["python -m speculant.bench.llamacpp", *(sys.argv[1:] if argv is None else argv)])}
     if args.dataset is None:
         _decode_only(args, llms, peers, tokenizer, setup)
     else:
