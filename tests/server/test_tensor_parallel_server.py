@@ -14,6 +14,7 @@ import time
 import httpx
 import pytest
 from server_helpers import MODEL, free_port
+from speculant.distributed.processes import WORKER_MODULE
 
 SERVE_SCRIPT = """
 import sys
@@ -37,9 +38,10 @@ def tiny_folder(tmp_path_factory, tiny_model, smol_tokenizer):
 
 
 def spawned_workers(pid: int) -> list[int]:
-    """The server's children started by multiprocessing's spawn (not its resource tracker)."""
+    """The server's tensor-parallel workers: its children running the worker module."""
     children = pathlib.Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return [int(c) for c in children if b"spawn_main" in pathlib.Path(f"/proc/{c}/cmdline").read_bytes()]
+    module = WORKER_MODULE.encode()
+    return [int(c) for c in children if module in pathlib.Path(f"/proc/{c}/cmdline").read_bytes()]
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
