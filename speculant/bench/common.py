@@ -7,6 +7,7 @@ import json
 import os
 import pathlib
 import platform
+import subprocess
 import time
 
 import torch
@@ -91,3 +92,15 @@ def write_json(path: str | pathlib.Path, payload: dict) -> None:
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2))
+
+
+def git_commit() -> str:
+    """HEAD's short hash, "+dirty" when tracked speculant/ files differ from it ("unknown" outside git)."""
+    root = pathlib.Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "speculant"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")

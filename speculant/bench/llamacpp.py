@@ -32,7 +32,7 @@ from collections.abc import Callable
 import torch
 
 from speculant.bench import llamacpp_e2e as e2e
-from speculant.bench.common import load_prompts, machine, print_table, write_json
+from speculant.bench.common import git_commit, load_prompts, machine, print_table, write_json
 from speculant.config import EngineConfig, ModelConfig, NgramConfig, SpeculativeConfig
 from speculant.llm import LLM
 from speculant.sampling.params import SamplingParams
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     if "ngram" in args.speculative:
         peers[f"llama.cpp prompt-lookup k={k}"] = llamacpp_llm(path, k, threads)
     tokenizer = next(iter(llms.values())).tokenizer
-    setup = {"args": vars(args), "machine": machine(), "commit": e2e.git_commit(), "gguf": path,
+    setup = {"args": vars(args), "machine": machine(), "commit": git_commit(), "gguf": path,
              "llama_cpp_python": llama_cpp.__version__, "threads": threads,
              "command": " ".join(["python -m speculant.bench.llamacpp", *(sys.argv[1:] if argv is None else argv)])}
     if args.dataset is None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import pathlib
 import statistics
-import subprocess
 import time
 from collections.abc import Callable
 
@@ -149,15 +148,3 @@ def markdown(rows: list[dict], same: dict[str, str]) -> str:
                  for c in cats]
         lines.append(f"| {row['system']} | " + " | ".join(cells) + f" | {same.get(row['system'], '-')} |")
     return "\n".join(lines)
-
-
-def git_commit() -> str:
-    """HEAD's short hash, "+dirty" when tracked speculant/ files differ from it ("unknown" outside git)."""
-    root = pathlib.Path(__file__).resolve().parents[2]
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "speculant"], cwd=root,
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("+dirty" if dirty else "")

@@ -21,9 +21,10 @@ import time
 
 import torch
 
-from speculant.bench.common import machine, print_table, write_json
+from speculant.bench.common import git_commit, machine, print_table, write_json
 
 KINDS = ("int4", "int8", "dense", "attention", "other")
+totals: dict = collections.defaultdict(float)  # CPU seconds per kind, charged by the wrapped calls
 
 
 def _charge(totals: dict, cls, method: str, kind: str) -> None:
@@ -65,8 +66,6 @@ def profile(llm, context: int, rows: list[int], repeats: int) -> list[dict]:
     return out
 
 
-totals: dict = collections.defaultdict(float)
-
 
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -90,15 +89,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     result = profile(llm, args.context, args.rows, args.repeats)
     print_table(result, ["rows", "total", *KINDS, "M/1"])
     if args.output:
-        write_json(args.output, {"args": vars(args), "commit": _commit(), "machine": machine(), "forwards": result})
+        write_json(args.output, {"args": vars(args), "commit": git_commit(), "machine": machine(), "forwards": result})
     return result
-
-
-def _commit() -> str:
-    import subprocess
-
-    run = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=__file__.rsplit("/", 1)[0])
-    return run.stdout.strip() or "unknown"
 
 
 if __name__ == "__main__":
