@@ -75,6 +75,21 @@ class MoeConfig:
 
 
 @dataclass(frozen=True)
+class GenerationDefaults:
+    """The sampling defaults a checkpoint ships (`generation_config.json`); a request that leaves
+    them unset gets these (None: the engine's own default)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+
+    def sampling_overrides(self) -> dict[str, float | int]:
+        """The fields that are set, as `SamplingParams` keywords."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+
+@dataclass(frozen=True)
 class ArchConfig:
     """Architecture of a checkpoint: the Llama family (Llama 2/3, SmolLM2, Mistral, Qwen2/2.5), or
     DeepSeek-V3 (`mla` and `moe` set)."""
@@ -94,7 +109,9 @@ class ArchConfig:
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # q/k/v projections carry a bias (Qwen2)
     bos_token_id: int | None = None
-    eos_token_id: int | None = None
+    eos_token_id: int | None = None  # the first end-of-sequence id the checkpoint names
+    eos_token_ids: tuple[int, ...] = ()  # every id that ends generation: config lists, generation_config.json, GGUF eos/eot/eom
+    generation: GenerationDefaults = GenerationDefaults()
     mla: MlaConfig | None = None  # DeepSeek-V3 attention (num_heads, and head_dim = the RoPE dims)
     moe: MoeConfig | None = None  # DeepSeek-V3 experts
     mtp_layers: int = 0  # MTP modules the checkpoint keeps after its last layer (DeepSeek-V3)
@@ -102,6 +119,12 @@ class ArchConfig:
     @property
     def q_size(self) -> int:
         return self.num_heads * self.head_dim
+
+    @property
+    def stop_token_ids(self) -> frozenset[int]:
+        """The ids that end a request (unless it asks `ignore_eos`)."""
+        first = () if self.eos_token_id is None else (self.eos_token_id,)
+        return frozenset((*first, *self.eos_token_ids))
 
     @property
     def kv_size(self) -> int:

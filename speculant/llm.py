@@ -51,7 +51,7 @@ class LLM:
     ) -> list[RequestOutput]:
         """One finished output per prompt, in prompt order."""
         prompts = _as_list(prompts)
-        params_list = list(params) if isinstance(params, Sequence) else [params or SamplingParams()] * len(prompts)
+        params_list = list(params) if isinstance(params, Sequence) else [params or self.engine.default_params] * len(prompts)
         if len(params_list) != len(prompts):
             raise ValueError(f"params: got {len(params_list)} for {len(prompts)} prompts")
         for p, sp in zip(prompts, params_list):  # validate everything before running anything

@@ -79,6 +79,8 @@ class Engine:
         self._prepared: Batch | None = None  # the next step's batch, scheduled during this one
         self.parts = StageParts(self.executor, self.proposer, self.pages, self.pool, self.rows, self.generator, self.timeline)
         self.stop_token_ids = _stop_token_ids(self.tokenizer, self.arch)
+        # A request without parameters samples with the checkpoint's defaults (generation_config.json).
+        self.default_params = SamplingParams(**self.arch.generation.sampling_overrides())
         self._ids = itertools.count()
 
     def _allocate_cache(self, budget: int | None) -> int:
@@ -94,7 +96,7 @@ class Engine:
     ) -> Request:
         """Queue a request. `user` scopes state shared across requests (the n-gram store); None
         shares nothing."""
-        params = params or SamplingParams()
+        params = params or self.default_params
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
@@ -279,10 +281,7 @@ class Engine:
 
 
 def _stop_token_ids(tokenizer, arch) -> frozenset[int]:
-    ids = {arch.eos_token_id} if arch.eos_token_id is not None else set()
-    if tokenizer is not None:
-        if tokenizer.eos_token_id is not None:
-            ids.add(tokenizer.eos_token_id)
-        vocab = tokenizer.get_vocab()
-        ids |= {vocab[t] for t in ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>") if t in vocab}
-    return frozenset(ids)
+    """Every end-of-sequence id the checkpoint names (`speculant.loader.generation`), and its
+    tokenizer's EOS."""
+    eos = getattr(tokenizer, "eos_token_id", None)
+    return arch.stop_token_ids | ({eos} if eos is not None else set())

@@ -9,6 +9,7 @@ import numpy as np
 
 from speculant.config import ArchConfig, RopeScaling
 from speculant.loader.errors import CheckpointError
+from speculant.loader.generation import gguf_eos_ids
 from speculant.loader.gguf_file import GGUFFile
 
 # general.architecture -> ArchConfig.family. llama.cpp writes Mistral 7B as "llama".
@@ -85,6 +86,7 @@ def arch_config(gguf: GGUFFile) -> ArchConfig:
         attention_bias=_FAMILIES[arch] == "qwen2" or "blk.0.attn_q.bias" in gguf.tensors,
         bos_token_id=_optional_int(meta.get("tokenizer.ggml.bos_token_id")),
         eos_token_id=_optional_int(meta.get("tokenizer.ggml.eos_token_id")),
+        eos_token_ids=gguf_eos_ids(gguf.metadata, gguf.path),
     )
 
 

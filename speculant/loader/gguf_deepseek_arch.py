@@ -17,6 +17,7 @@ from typing import Any
 
 from speculant.config import ArchConfig, MlaConfig, MoeConfig, RopeScaling
 from speculant.loader.errors import CheckpointError
+from speculant.loader.generation import gguf_eos_ids
 from speculant.loader.gguf_file import GGUFFile
 
 ARCH = "deepseek2"
@@ -65,6 +66,7 @@ def deepseek2_arch(gguf: GGUFFile) -> ArchConfig:
         tie_word_embeddings="output.weight" not in gguf.tensors,
         bos_token_id=_optional_int(gguf.metadata.get("tokenizer.ggml.bos_token_id")),
         eos_token_id=_optional_int(gguf.metadata.get("tokenizer.ggml.eos_token_id")),
+        eos_token_ids=gguf_eos_ids(gguf.metadata, gguf.path),
         mla=mla,
         moe=moe,
         mtp_layers=mtp_layers,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 from collections.abc import Callable
 from typing import Any
@@ -12,6 +13,7 @@ from safetensors import SafetensorError
 from speculant.config import ArchConfig, RopeScaling
 from speculant.loader.errors import CheckpointError
 from speculant.loader.files import open_safetensors, read_json
+from speculant.loader.generation import eos_ids, hf_generation_config
 from speculant.loader.validate import check_shapes
 
 _FAMILIES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "deepseek_v3": "deepseek_v3"}
@@ -20,7 +22,10 @@ _INDEX = "model.safetensors.index.json"
 
 
 def load_hf_config(folder: pathlib.Path) -> ArchConfig:
-    return arch_from_hf_config(read_json(folder / "config.json"), folder)
+    """config.json's architecture, with generation_config.json's EOS ids and sampling defaults."""
+    arch = arch_from_hf_config(read_json(folder / "config.json"), folder)
+    eos, defaults = hf_generation_config(folder)
+    return dataclasses.replace(arch, eos_token_ids=tuple(dict.fromkeys(arch.eos_token_ids + eos)), generation=defaults)
 
 
 def arch_from_hf_config(config: dict[str, Any], folder: pathlib.Path = pathlib.Path(".")) -> ArchConfig:
@@ -32,6 +37,7 @@ def arch_from_hf_config(config: dict[str, Any], folder: pathlib.Path = pathlib.P
         )
     hidden, num_heads = config["hidden_size"], config["num_attention_heads"]
     rope = _rope_parameters(config)
+    eos = eos_ids(config.get("eos_token_id"), folder / "config.json")
     arch = ArchConfig(
         family=family,
         vocab_size=config["vocab_size"],
@@ -48,7 +54,8 @@ def arch_from_hf_config(config: dict[str, Any], folder: pathlib.Path = pathlib.P
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         attention_bias=family == "qwen2" or bool(config.get("attention_bias", False)),
         bos_token_id=_first_id(config.get("bos_token_id")),
-        eos_token_id=_first_id(config.get("eos_token_id")),
+        eos_token_id=eos[0] if eos else None,
+        eos_token_ids=eos,
     )
     if family == "deepseek_v3":
         from speculant.loader.deepseek import deepseek_arch
@@ -99,7 +106,7 @@ def _rope_scaling(rope: dict[str, Any], path: pathlib.Path) -> RopeScaling:
 
 
 def _first_id(value: int | list[int] | None) -> int | None:
-    """Some configs list several EOS ids; the first is the one the model was trained to end with."""
+    """The first of several BOS ids a config may list."""
     if isinstance(value, list):
         return value[0] if value else None
     return value

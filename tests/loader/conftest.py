@@ -141,13 +141,14 @@ def _stored(weight: np.ndarray, qtype: QType, name: str) -> tuple[np.ndarray, QT
 
 def write_gguf(
     hf_dir: pathlib.Path, out: pathlib.Path, qtype: QType, *, skip: str | None = None,
-    tokenizer_pre: str = "gpt2", add_bos: bool = False,
+    tokenizer_pre: str = "gpt2", add_bos: bool = False, end_ids: dict[str, int] | None = None,
 ) -> dict[str, torch.Tensor]:  # fmt: skip
-    """Write `hf_dir`'s model as a GGUF and return the weights a loader must produce from it."""
+    """Write `hf_dir`'s model as a GGUF and return the weights a loader must produce from it.
+    `end_ids`: {"eos" | "eot" | "eom": id} in place of the default EOS id 2."""
     config = AutoConfig.from_pretrained(hf_dir)
     arch = "llama" if config.model_type == "llama" else "qwen2"
     writer = gguf.GGUFWriter(out, arch)
-    _write_metadata(writer, config, arch, tokenizer_pre, add_bos)
+    _write_metadata(writer, config, arch, tokenizer_pre, add_bos, end_ids or {"eos": 2})
     expected = {}
     for name, tensor in hf_weights(hf_dir).items():
         if name == skip:
@@ -180,7 +181,7 @@ def _write_tensor(
     return unpermute_qk(reference, head_count) if head_count else reference
 
 
-def _write_metadata(writer: gguf.GGUFWriter, config, arch: str, pre: str, add_bos: bool) -> None:
+def _write_metadata(writer: gguf.GGUFWriter, config, arch: str, pre: str, add_bos: bool, end_ids: dict[str, int]) -> None:
     writer.add_block_count(config.num_hidden_layers)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
@@ -196,7 +197,8 @@ def _write_metadata(writer: gguf.GGUFWriter, config, arch: str, pre: str, add_bo
     writer.add_token_types([3 if t in SPECIALS else 1 for t in tokens])
     writer.add_token_merges(MERGES)
     writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
+    for kind, token_id in end_ids.items():
+        getattr(writer, f"add_{kind}_token_id")(token_id)
     writer.add_unk_token_id(0)
     writer.add_add_bos_token(add_bos)
     writer.add_chat_template(CHAT_TEMPLATE)

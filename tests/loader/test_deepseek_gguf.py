@@ -86,7 +86,10 @@ def test_arch_equals_the_hf_config_reading(tmp_path, hf):
     ours = load_checkpoint(str(path)).arch
     from_config = arch_from_hf_config(hf.config.to_dict())
     assert ours.rms_norm_eps == pytest.approx(from_config.rms_norm_eps)
-    assert dataclasses.replace(ours, rms_norm_eps=from_config.rms_norm_eps) == from_config
+    # The file's EOS (2), then <|endoftext|> (0), which llama.cpp also ends generation on.
+    assert ours.eos_token_ids == (2, 0) and from_config.eos_token_ids == (2,)
+    same = dict(rms_norm_eps=from_config.rms_norm_eps, eos_token_ids=from_config.eos_token_ids)
+    assert dataclasses.replace(ours, **same) == from_config
 
 
 def test_greedy_equals_the_hf_folder_load(tmp_path, tiny_llama_dir):
@@ -126,7 +129,8 @@ def test_mtp_layer_loads_as_the_own_head(tmp_path, tiny_llama_dir):
     path = tmp_path / "mtp.gguf"
     expected = write_deepseek_gguf(hf_model.config, mtp.weights, path, mtp_layers=1)
     ckpt = load_checkpoint(str(path))
-    assert ckpt.arch == dataclasses.replace(mtp.arch, rms_norm_eps=ckpt.arch.rms_norm_eps)
+    assert ckpt.arch.eos_token_ids == (2, 0)  # 0: <|endoftext|>, an end of turn by its text
+    assert ckpt.arch == dataclasses.replace(mtp.arch, rms_norm_eps=ckpt.arch.rms_norm_eps, eos_token_ids=(2, 0))
     assert ckpt.weights.keys() == expected.keys() and "model.layers.3.eh_proj.weight" in expected
     assert all(torch.equal(ckpt.weights[n], mtp.weights[n]) for n in expected)
     plain = LLM(model=str(path), page_size=4, num_pages=64).generate(PROMPTS, GREEDY)
@@ -214,5 +218,7 @@ def test_deepseek_v3_metadata_as_the_converter_writes_it(tmp_path, tiny_llama_di
     ours = deepseek2_arch(GGUFFile(path))
     expected = arch_from_hf_config(hf_config.to_dict())
     # No tensors in this file: no `output.weight`, so it reads as tied.
-    assert dataclasses.replace(ours, rms_norm_eps=expected.rms_norm_eps, tie_word_embeddings=False) == expected
+    # The file also ends generation on <|endoftext|> (0), by its text, as llama.cpp does.
+    assert ours.eos_token_ids == (2, 0)
+    assert dataclasses.replace(ours, rms_norm_eps=expected.rms_norm_eps, tie_word_embeddings=False, eos_token_ids=(2,)) == expected
     assert (ours.mla.qk_nope_head_dim, ours.mla.v_head_dim, ours.moe.num_groups, ours.rope_scaling.mscale_all_dim) == (128, 128, 8, 1.0)

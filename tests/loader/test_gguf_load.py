@@ -47,7 +47,10 @@ def test_arch_matches_hf_config(request, gguf_writer, family):
     from_hf = load_checkpoint(str(hf_dir)).arch
     # GGUF stores eps as float32; compare the rest exactly.
     assert from_gguf.rms_norm_eps == pytest.approx(from_hf.rms_norm_eps)
-    assert dataclasses.replace(from_gguf, rms_norm_eps=from_hf.rms_norm_eps) == from_hf
+    # The file's EOS (2), then <|endoftext|> (0), which llama.cpp also ends generation on.
+    assert from_gguf.eos_token_ids == (2, 0) and from_hf.eos_token_ids == (2,)
+    same = dict(rms_norm_eps=from_hf.rms_norm_eps, eos_token_ids=from_hf.eos_token_ids)
+    assert dataclasses.replace(from_gguf, **same) == from_hf
     assert from_gguf.family == family
     assert from_gguf.attention_bias == (family == "qwen2")
     assert from_gguf.tie_word_embeddings == (family == "qwen2")
