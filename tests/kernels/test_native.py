@@ -123,6 +123,29 @@ def test_attention_equals_softmax_and_each_query_reads_only_its_keys(avx2, cache
         assert torch.equal(alone, out[t : t + 1])
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+def test_a_tree_row_attends_as_the_chain_row_over_the_same_keys_and_both_paths_agree(cache_dtype):
+    """A tree's mask drops keys before any arithmetic: the row of a node attends bit for bit as the
+    same token on the accepted chain, whose slot list holds just its ancestors; and the AVX2 path
+    gives the scalar path's bits (exp, lane sums and dot products in the same order)."""
+    torch.manual_seed(3)
+    kv_heads, d, n = 2, 72, 37  # a head size past a multiple of 8, keys past a multiple of 8
+    kc, vc = (torch.randn(64, kv_heads, d).to(cache_dtype) for _ in range(2))
+    q = torch.randn(1, 6, d) * 3
+    tree_slots = torch.randperm(64)[:n][None]
+    seen = torch.rand(1, n) > 0.4
+    seen[0, -1] = True
+    chain_slots = tree_slots[seen][None]
+    args = dict(tree=(tree_slots, torch.tensor([n]), seen), chain=(chain_slots, torch.tensor([int(seen.sum())]), None))
+    paths = [False] + ([True] if cpu.has_avx2() else [])
+    outs = [
+        native.module().paged_attention(q, kc, vc, slots, torch.tensor([0]), keys, mask, None, None, None, 0.125, avx2)
+        for slots, keys, mask in args.values()
+        for avx2 in paths
+    ]
+    assert all(torch.equal(out, outs[0]) for out in outs[1:])
+
+
 def test_attention_writes_the_new_keys_and_values_and_reads_strided_queries():
     torch.manual_seed(5)
     kc, vc = torch.randn(32, 2, 16), torch.randn(32, 2, 16)
