@@ -4,7 +4,8 @@ Each format packs a row into fixed-size blocks (32 weights, or 256 for the K-qua
 and packed integers; the layouts follow ggml-quants.c. The float arithmetic is done in the same
 order as `gguf.quants` (the numpy reference), one rounding per operation, so the results are
 bit-identical to it (tests/loader/test_dequant.py checks this), while torch's kernels use every
-core and skip numpy's temporaries.
+core and skip numpy's temporaries. The block types without a routine here (Q2_K, Q3_K, the IQ,
+TQ and FP4 types: `NUMPY_TYPES`) are dequantized by `gguf.quants` itself.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import quants as gguf_quants
 
 QK_K = 256  # weights per K-quant super-block
 _CHUNK_WEIGHTS = 1 << 18  # weights dequantized per task: 1 MiB of float32 output
@@ -139,7 +141,13 @@ _PLAIN = {
     GGMLQuantizationType.F16: torch.float16,
     GGMLQuantizationType.BF16: torch.bfloat16,
 }
-SUPPORTED_TYPES = frozenset(_BLOCK_DEQUANT) | frozenset(_PLAIN)
+# Block types without a torch routine here: `gguf.quants` (numpy, one thread) dequantizes them.
+_Q = GGMLQuantizationType
+NUMPY_TYPES = frozenset(
+    {_Q.Q2_K, _Q.Q3_K, _Q.IQ1_S, _Q.IQ1_M, _Q.IQ2_XXS, _Q.IQ2_XS, _Q.IQ2_S, _Q.IQ3_XXS, _Q.IQ3_S,
+     _Q.IQ4_NL, _Q.IQ4_XS, _Q.TQ1_0, _Q.TQ2_0, _Q.MXFP4, _Q.NVFP4}
+)  # fmt: skip
+SUPPORTED_TYPES = frozenset(_BLOCK_DEQUANT) | frozenset(_PLAIN) | NUMPY_TYPES
 
 
 def dequantize(
@@ -157,6 +165,9 @@ def dequantize(
     if ggml_type in _PLAIN:
         values = data.view(_PLAIN[ggml_type]).reshape(shape)
         return values.to(dtype, copy=True)  # a copy: never hand out a view of the file
+    if ggml_type in NUMPY_TYPES:
+        values = gguf_quants.dequantize(raw.reshape(-1, GGML_QUANT_SIZES[ggml_type][1]), ggml_type)
+        return torch.from_numpy(values).reshape(shape).to(dtype)
     if ggml_type not in _BLOCK_DEQUANT:
         raise ValueError(f"ggml type {ggml_type.name} is not supported")  # validate.py reports it first
     block_size, type_size = GGML_QUANT_SIZES[ggml_type]

@@ -2,7 +2,8 @@
 
 Byte-level BPE vocabularies (`tokenizer.ggml.model == "gpt2"`: SmolLM2, Qwen2, Llama 3) are built
 here directly with `tokenizers`; their pre-tokenizer split follows `tokenizer.ggml.pre`, as in
-llama.cpp's llama-vocab.cpp and the models' own tokenizer.json. Sentencepiece vocabularies
+llama.cpp's llama-vocab.cpp and the models' own tokenizer.json; a `pre` whose split is not
+implemented here is a `CheckpointError` naming it (`SUPPORTED_PRES`). Sentencepiece vocabularies
 ("llama") go through transformers' own GGUF conversion, which handles their many variants.
 
 BOS: `tokenizer.ggml.add_bos_token` is honoured as written, which is what transformers' GGUF
@@ -53,6 +54,8 @@ _SPLIT_SEQUENCES = {
 # Vocabularies split like GPT-2 but with every digit on its own ("smollm" in llama.cpp;
 # `Digits(individual_digits=True)` before `ByteLevel` in SmolLM2's tokenizer.json).
 _DIGIT_SPLIT_PRES = frozenset({"smollm", "starcoder", "refact", "codeshell"})
+# "default" is what a file that names no pre-tokenizer reads as; both it and "gpt2" split as GPT-2.
+SUPPORTED_PRES = frozenset({"gpt2", "default", *_REGEX_SPLITS, *_SPLIT_SEQUENCES, *_DIGIT_SPLIT_PRES})
 
 
 def gguf_tokenizer(gguf: GGUFFile) -> PreTrainedTokenizerFast:
@@ -67,7 +70,12 @@ def gguf_tokenizer(gguf: GGUFFile) -> PreTrainedTokenizerFast:
     tokens: list[str] = meta["tokenizer.ggml.tokens"]
     token_types = list(meta.get("tokenizer.ggml.token_type", ()))
     backend = _byte_level_bpe(tokens, meta.get("tokenizer.ggml.merges", []))
-    backend.pre_tokenizer = _pre_tokenizer(meta.get("tokenizer.ggml.pre", "default"))
+    pre = meta.get("tokenizer.ggml.pre", "default")
+    if pre not in SUPPORTED_PRES:
+        raise CheckpointError(
+            gguf.path, f"unsupported pre-tokenizer tokenizer.ggml.pre = {pre!r}: its split is not implemented (supported: {sorted(SUPPORTED_PRES)})"
+        )
+    backend.pre_tokenizer = _pre_tokenizer(pre)
     backend.decoder = decoders.ByteLevel()
     _add_whole_tokens(backend, tokens, token_types)
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, **_special_tokens(meta, tokens))
@@ -117,7 +125,7 @@ def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
         return pre_tokenizers.Sequence([*isolated, byte_level])
     if pre in _DIGIT_SPLIT_PRES:
         return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-    return byte_level  # "gpt2", "default" and unknown: GPT-2's own split
+    return byte_level  # "gpt2" and "default": GPT-2's own split
 
 
 def _add_whole_tokens(backend: Tokenizer, tokens: list[str], token_types: list[int]) -> None:

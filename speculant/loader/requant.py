@@ -11,7 +11,8 @@ The other block formats are dequantized and re-quantized to the layout nearest i
 Q5_1 and Q5_K to int4 groups (round to nearest, min/max per 32 weights: 5-bit weights are
 nearer 4 bits than 8, and at half the bytes of int8 a Q5 draft model costs a third of its
 target per token instead of a half), Q6_K and Q8_0 to int8 with one scale per row (ggml scales
-per block of 32, PyTorch's int8 kernel per row).
+per block of 32, PyTorch's int8 kernel per row). Every other block type (Q2_K, Q3_K, IQ*, TQ*,
+MXFP4, NVFP4) has no kernel here: it is dequantized on load (`keeps_quantized` is false).
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from speculant.loader.dequant import _f16, _k_scales_mins, _nibbles, dequantize
 
 INT4_TYPES = frozenset({GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q4_K})
 TO_INT4_TYPES = frozenset({GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q5_1, GGMLQuantizationType.Q5_K})
-FLOAT_TYPES = frozenset({GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16})
 
 
 def requantize(
@@ -65,5 +65,9 @@ def _q4_k(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
     return q, scale, zero
 
 
+# Block types a quantized kernel runs (as int4 groups or int8 rows); the others are dequantized.
+KEPT_TYPES = INT4_TYPES | TO_INT4_TYPES | frozenset({GGMLQuantizationType.Q6_K, GGMLQuantizationType.Q8_0})
+
+
 def keeps_quantized(ggml_type: GGMLQuantizationType, shape: tuple[int, ...]) -> bool:
-    return ggml_type not in FLOAT_TYPES and len(shape) == 2
+    return ggml_type in KEPT_TYPES and len(shape) == 2

@@ -114,15 +114,22 @@ def gguf_name(hf: str) -> str:
             "lm_head.weight": "output.weight"}[hf]  # fmt: skip
 
 
+# Block types whose float16 scale(s) end the block (Q2_K: d then dmin); the others lead with them.
+_SCALES_LAST = {QType.Q6_K: 2, QType.Q3_K: 2, QType.TQ1_0: 2, QType.TQ2_0: 2, QType.Q2_K: 4}
+RANDOM_BLOCK_TYPES = frozenset({QType.Q4_K, QType.Q5_K, QType.Q6_K, QType.Q2_K, QType.Q3_K, QType.IQ2_XXS,
+                                QType.IQ2_XS, QType.IQ2_S, QType.IQ3_XXS, QType.IQ3_S, QType.IQ1_S,
+                                QType.IQ4_NL, QType.IQ4_XS, QType.TQ1_0, QType.TQ2_0})  # fmt: skip
+
+
 def random_k_blocks(qtype: QType, n_weights: int, seed: int = 0) -> np.ndarray:
-    """Random but well-formed K-quant blocks (gguf.quants cannot quantize K-quants)."""
+    """Random blocks with small float16 scales (gguf.quants cannot quantize these types)."""
     block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
     rng = np.random.default_rng(seed)
     blocks = rng.integers(0, 256, size=(n_weights // block_size, type_size), dtype=np.uint8)
     scales = rng.uniform(1e-4, 2e-3, size=(blocks.shape[0], 2)).astype(np.float16).view(np.uint8)
-    if qtype == QType.Q6_K:
-        blocks[:, -2:] = scales[:, :2]
-    else:  # d and dmin lead the block
+    if qtype in _SCALES_LAST:
+        blocks[:, -_SCALES_LAST[qtype] :] = scales[:, : _SCALES_LAST[qtype]]
+    else:  # d (and dmin) lead the block
         blocks[:, :4] = scales
     return blocks
 
@@ -133,7 +140,7 @@ def _stored(weight: np.ndarray, qtype: QType, name: str) -> tuple[np.ndarray, QT
         return weight.astype(np.float32), QType.F32
     if qtype == QType.F16:
         return weight.astype(np.float16), QType.F16
-    if qtype in (QType.Q4_K, QType.Q5_K, QType.Q6_K):
+    if qtype in RANDOM_BLOCK_TYPES:
         seed = sum(map(ord, name))
         return random_k_blocks(qtype, weight.size, seed).reshape(weight.shape[0], -1), qtype
     return gguf.quants.quantize(weight, qtype), qtype

@@ -1,4 +1,5 @@
-"""The torch dequantizers are bit-identical to gguf.quants, the numpy reference."""
+"""The torch dequantizers are bit-identical to gguf.quants, the numpy reference; every type it
+decodes is supported (the others through gguf.quants itself)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as QType
 
-from speculant.loader.dequant import SUPPORTED_TYPES, dequantize
+from speculant.loader.dequant import NUMPY_TYPES, SUPPORTED_TYPES, dequantize
 from speculant.loader.gguf_loader import permute_qk, unpermute_qk
 
 QUANTIZABLE = [QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q8_0]
@@ -60,8 +61,31 @@ def test_plain_types(qtype):
     assert ours.data_ptr() != raw.ctypes.data  # a copy, never a view of the file
 
 
-def test_supported_types():
-    assert set(QUANTIZABLE + K_QUANTS + [QType.F32, QType.F16, QType.BF16]) == SUPPORTED_TYPES
+def _reference_decodes(qtype: QType) -> bool:
+    block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    try:
+        gguf.quants.dequantize(np.zeros((1, type_size * (256 // block_size)), np.uint8), qtype)
+    except NotImplementedError:
+        return False
+    return True
+
+
+def test_supported_types_are_every_type_the_reference_decodes():
+    assert {q for q in QType if _reference_decodes(q)} == SUPPORTED_TYPES
+    assert set(QUANTIZABLE + K_QUANTS + [QType.F32, QType.F16, QType.BF16]) | NUMPY_TYPES == SUPPORTED_TYPES
+
+
+@pytest.mark.parametrize("qtype", sorted(NUMPY_TYPES), ids=lambda q: q.name)
+def test_other_block_types_are_the_reference(qtype):
+    block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    rows, cols = 3, 512
+    blocks = np.random.default_rng(4).integers(0, 256, (rows * cols // block_size, type_size), dtype=np.uint8)
+    expected = gguf.quants.dequantize(blocks.reshape(rows, -1), qtype)
+    ours = dequantize(blocks.reshape(-1), qtype, (rows, cols))
+    assert ours.shape == (rows, cols) and ours.dtype == torch.float32
+    assert np.array_equal(ours.numpy(), expected, equal_nan=True)  # random scale bytes: NaN at times
+    halves = dequantize(blocks.reshape(-1), qtype, (rows, cols), torch.bfloat16)
+    assert torch.equal(halves.float().nan_to_num(), torch.from_numpy(expected).bfloat16().float().nan_to_num())
 
 
 def test_unpermute_inverts_permute():

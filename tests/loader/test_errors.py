@@ -109,19 +109,20 @@ def test_shape_mismatch(tmp_path, tiny_llama_dir, gguf_writer):
 
 
 def test_unsupported_tensor_type(tmp_path, tiny_llama_dir, gguf_writer):
+    """Q8_1 (an intermediate type of llama.cpp's kernels) is one gguf.quants does not decode."""
     path, _ = gguf_writer(tiny_llama_dir, QType.F32)
-    block_size, type_size = gguf.GGML_QUANT_SIZES[QType.Q2_K]
+    block_size, type_size = gguf.GGML_QUANT_SIZES[QType.Q8_1]
 
-    def to_q2_k(name, array):
+    def to_q8_1(name, array):
         if name != "blk.1.attn_v.weight":
             return array, None
         blocks = np.zeros(
             (array.shape[0], array.shape[1] // block_size * type_size), dtype=np.uint8
         )
-        return blocks, QType.Q2_K
+        return blocks, QType.Q8_1
 
-    changed = _write_one_changed(tmp_path, path, to_q2_k)
-    with pytest.raises(CheckpointError, match=r"changed.gguf.*blk\.1\.attn_v\.weight.*Q2_K"):
+    changed = _write_one_changed(tmp_path, path, to_q8_1)
+    with pytest.raises(CheckpointError, match=r"changed.gguf.*blk\.1\.attn_v\.weight.*Q8_1"):
         load_checkpoint(str(changed))
 
 

@@ -10,7 +10,9 @@ from gguf import GGMLQuantizationType as QType
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
-from speculant.loader import load_checkpoint
+from speculant import LLM
+from speculant.loader import CheckpointError, load_checkpoint
+from speculant.sampling.params import SamplingParams
 
 QTYPES = [QType.F32, QType.F16, QType.Q8_0, QType.Q4_1, QType.Q5_0, QType.Q4_K, QType.Q6_K]
 
@@ -25,6 +27,18 @@ def test_weights_match_reference_dequantization(request, gguf_writer, family, qt
     for name, tensor in expected.items():
         assert ckpt.weights[name].dtype == torch.float32
         assert torch.equal(ckpt.weights[name], tensor), name
+
+
+@pytest.mark.parametrize("qtype", [QType.Q2_K, QType.Q3_K, QType.IQ2_XS, QType.IQ3_S, QType.IQ4_XS, QType.TQ2_0], ids=lambda q: q.name)
+def test_types_without_a_kernel_load_dequantized(tiny_llama_dir, gguf_writer, qtype):
+    """gguf.quants' other block types load as its dequantization, dense even when quantized
+    weights are kept (no kernel runs them); the model generates from them."""
+    path, expected = gguf_writer(tiny_llama_dir, qtype)
+    ckpt = load_checkpoint(str(path), keep_quantized=True)
+    for name, tensor in expected.items():
+        assert isinstance(ckpt.weights[name], torch.Tensor) and torch.equal(ckpt.weights[name], tensor), name
+    out = LLM(model=str(path), page_size=4, num_pages=32).generate([1, 40, 41], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    assert len(out[0].token_ids) == 4
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
@@ -107,3 +121,10 @@ def test_smollm_splits_digits(tiny_llama_dir, gguf_writer):
     path, _ = gguf_writer(tiny_llama_dir, QType.F16, tokenizer_pre="smollm")
     tokenizer = load_checkpoint(str(path)).tokenizer
     assert tokenizer.convert_ids_to_tokens(tokenizer("a 12")["input_ids"]) == ["a", "Ġ", "1", "2"]
+
+
+@pytest.mark.parametrize("pre", ["falcon3", "tekken"])
+def test_unknown_pre_tokenizer_is_an_error_naming_it(tiny_llama_dir, gguf_writer, pre):
+    path, _ = gguf_writer(tiny_llama_dir, QType.F16, tokenizer_pre=pre)
+    with pytest.raises(CheckpointError, match=rf"tokenizer.ggml.pre = '{pre}'"):
+        load_checkpoint(str(path))
