@@ -56,8 +56,8 @@ class SpecStats:
 
     @property
     def tau(self) -> float:
-        """Mean tokens emitted per verifying target forward, bonus included (before any cut by
-        max_tokens or a stop); 1.0 without speculation."""
+        """Mean tokens emitted per verifying target forward, bonus included (accepted drafts past
+        a stop or max_tokens not counted); 1.0 without speculation."""
         if self.draft_steps == 0:
             return 1.0 if self.target_forwards else 0.0
         return 1.0 + self.accepted_tokens / self.draft_steps

@@ -219,17 +219,13 @@ class Engine:
         return verify(self.parts, batch, proposal)
 
     def _apply(self, batch: Batch, step_out: StepOutput, result: StepResult) -> None:
-        """The step's KV growth and acceptance counts, on the host once the step is read."""
+        """The step's KV growth, on the host once the step is read."""
         for b, s in enumerate(batch.seqs):
             r = s.request
             if not result.speculative:
                 r.num_computed_tokens += s.num_new_tokens
                 continue
-            accepted = result.accepted_counts[b]
-            r.num_computed_tokens += 1 + accepted
-            if step_out.proposed[b]:  # a step with nothing proposed is plain decoding
-                r.spec_stats.record(step_out.proposed[b], accepted)
-                self.stats.spec_stats.record(step_out.proposed[b], accepted)
+            r.num_computed_tokens += 1 + result.accepted_counts[b]
 
     def _without_failed_rows(self, batch: Batch) -> tuple[Batch, list[RequestOutput]]:
         """The batch minus requests whose sampling rows fail to build; those finish with an error."""
@@ -247,6 +243,10 @@ class Engine:
             lp = step_out.logprobs[b] if step_out.logprobs is not None else None
             tops = step_out.top_logprobs[b] if step_out.top_logprobs is not None else None
             new = self.outputs.append(r, step_out.token_ids[b], lp, tops)
+            if result.speculative and step_out.proposed[b]:  # a step with nothing proposed is plain decoding
+                kept = min(result.accepted_counts[b], len(new))  # drafts past a stop or max_tokens are not counted
+                r.spec_stats.record(step_out.proposed[b], kept)
+                self.stats.spec_stats.record(step_out.proposed[b], kept)
             if new:
                 r.spec_stats.target_forwards += 1
                 r.spec_stats.emitted_tokens += len(new)

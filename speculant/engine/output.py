@@ -1,4 +1,6 @@
-"""Commit emitted tokens to requests: stop conditions, incremental detokenization, stats."""
+"""Commit emitted tokens to requests: stop conditions (stop strings checked token by token, so a
+stop inside accepted drafts cuts the tokens where plain decoding stops), incremental
+detokenization, stats."""
 
 from __future__ import annotations
 
@@ -25,7 +27,13 @@ class OutputProcessor:
     def append(
         self, req: Request, tokens: list[int], logprobs: list[float] | None, tops: list | None = None
     ) -> list[int]:
-        """Append tokens until a stop condition; return those appended and set the status."""
+        """Append tokens until a stop condition; return those kept and set the status.
+
+        With stop strings the text is checked after every token, as plain decoding checks it, so a
+        stop string completed inside accepted drafts keeps the tokens up to the one completing it:
+        token counts, logprobs and stats are those of plain decoding."""
+        state = self._state(req)
+        check_text = bool(req.params.stop) and self.tokenizer is not None
         appended = []
         for i, token in enumerate(tokens):
             req.output_token_ids.append(token)
@@ -37,9 +45,14 @@ class OutputProcessor:
             status = self._stop_status(req, token)
             if status is not None:
                 req.status = status
+            if check_text:
+                self._update_text(req, state)  # a stop string finishes the request
+            if req.finished:
                 break
         if appended and req.first_token_time is None:
             req.first_token_time = time.perf_counter()
+        if appended and not check_text and self.tokenizer is not None:  # token-id-only models produce no text
+            self._update_text(req, state)
         return appended
 
     def _stop_status(self, req: Request, token: int) -> RequestStatus | None:
@@ -50,11 +63,7 @@ class OutputProcessor:
         return None
 
     def make_output(self, req: Request, new_tokens: list[int]) -> RequestOutput:
-        state = self._text.get(req.request_id)
-        if state is None:
-            state = self._text[req.request_id] = _TextState(IncrementalDetokenizer(self.tokenizer))
-        if new_tokens and self.tokenizer is not None:  # token-id-only models produce no text
-            self._update_text(req, state)
+        state = self._state(req)
         ready = len(state.text) if req.finished else _stable_length(state.text, req.params.stop)
         delta = state.text[state.sent : ready]
         state.sent = max(state.sent, ready)
@@ -76,7 +85,14 @@ class OutputProcessor:
             error=req.error,
         )
 
+    def _state(self, req: Request) -> _TextState:
+        state = self._text.get(req.request_id)
+        if state is None:
+            state = self._text[req.request_id] = _TextState(IncrementalDetokenizer(self.tokenizer))
+        return state
+
     def _update_text(self, req: Request, state: _TextState) -> None:
+        """Decode the output so far; a stop string in it cuts the text and finishes the request."""
         text = state.detokenizer.update(req.output_token_ids)
         cut = _first_stop(text, req.params.stop, start=max(0, len(state.text) - _longest(req.params.stop)))
         if cut is not None:

@@ -136,14 +136,18 @@ def sample_logits(
     return sample(processed_probs(logits, st), generators, default_generator)
 
 
+LSE_CHUNK = 4096  # logsumexp sums each row in chunks this long (`row_log_normalizer`)
+
+
 def token_logprobs(
     logits: torch.Tensor,  # [N, V] raw, before temperature and truncation
     token_ids: torch.Tensor,  # [N] int64
 ) -> torch.Tensor:  # [N] float32
     """log softmax(logits)[token]: the logprob reported for each emitted token (OpenAI style)."""
     logits = logits.float()
-    chosen = logits.gather(-1, token_ids[:, None].long()).squeeze(-1)
-    return chosen - logits.logsumexp(-1)
+    chosen = logits.gather(-1, token_ids[:, None].long())  # [N, 1]
+    top, log_sum = row_log_normalizer(logits)
+    return ((chosen - top) - log_sum).squeeze(-1)
 
 
 def top_token_logprobs(
@@ -151,7 +155,24 @@ def top_token_logprobs(
     n: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # ([N, n] float32 logprobs, [N, n] int64 token ids)
     """The n most likely tokens of each row under log softmax(logits), most likely first."""
-    return logits.float().log_softmax(-1).topk(n, dim=-1)
+    logits = logits.float()
+    values, ids = logits.topk(n, dim=-1)
+    top, log_sum = row_log_normalizer(logits)
+    return (values - top) - log_sum, ids
+
+
+def row_log_normalizer(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [N, V] -> ([N, 1], [N, 1])
+    """(max, log sum exp(logits - max)) of each row, so log softmax = (logits - max) - log_sum,
+    bit for bit the same whatever the other rows: torch splits a lone row's sum over threads, so
+    a row's logprob differed by an ulp between a one-row decode step and a verify step. Rows are
+    padded to whole chunks, each chunk summed by one thread, then a row's chunk sums in order."""
+    n, v = logits.shape
+    chunks = -(-v // LSE_CHUNK)
+    top = logits.amax(-1, keepdim=True)  # [N, 1] exact in any order
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    shifted = torch.nn.functional.pad(logits - top, (0, chunks * LSE_CHUNK - v), value=-torch.inf)
+    partial = shifted.exp().view(n * chunks, LSE_CHUNK).sum(-1)  # [N * chunks]
+    return top, partial.view(n, chunks).sum(-1, keepdim=True).log()
 
 
 def _mask_top_k_top_p(

@@ -198,7 +198,7 @@ class _Handlers:
         prompt_field: str,
     ) -> Response:
         try:
-            user = f"user:{body.user}" if body.user else self.key_scope
+            user = _scope(self.key_scope, body.user)
             stream = await self.async_engine.submit(formatter.request_id, prompt_ids, params, user)
         except Exception as exc:
             raise from_engine_error(exc, _SAMPLING_FIELDS, prompt_field) from None
@@ -220,6 +220,14 @@ class _Handlers:
     def _abort_unfinished(self, stream: RequestStream) -> None:
         if not stream.finished:
             self.async_engine.abort(stream.request_id)
+
+
+def _scope(key_scope: str | None, user: str | None) -> str | None:
+    """The n-gram store scope: the API key's, narrowed by `user`, so naming a user never enters
+    another key's scope."""
+    if not user:
+        return key_scope
+    return f"{key_scope}/user:{user}" if key_scope else f"user:{user}"
 
 
 def _sampling_params(

@@ -89,14 +89,15 @@ class Proposer(ABC):
     def num_draft_tokens(self, request: Request) -> int:
         """k for this request this step: the engine's, or the request's own when lower, cut so
         that the drafts (and a fed bonus token) stay inside the model's context and the whole
-        KV cache."""
+        KV cache, and to the tokens max_tokens still allows after the bonus."""
         k = self.ctx.speculative.num_draft_tokens
         if request.params.num_draft_tokens is not None:  # may lower k, never raise it past the memory plan's
             k = min(k, request.params.num_draft_tokens)
         limit = self.ctx.target_arch.max_position
         if self.pages is not None:
             limit = min(limit, self.pages.allocator.num_pages * self.pages.page_size)
-        return max(0, min(k, limit - request.num_tokens - 1))
+        allowance = request.params.max_tokens - len(request.output_token_ids) - 1
+        return max(0, min(k, limit - request.num_tokens - 1, allowance))
 
     def lookahead_slots(self, request: Request) -> int:
         """KV slots past the sequence's tokens that a step may write (drafts being verified)."""

@@ -68,9 +68,10 @@ class EagleProposer(MtpProposer):
     # ---- sizes --------------------------------------------------------------------------------
 
     def num_draft_tokens(self, request: Request) -> int:
-        """The tree's node count, or 0 (a plain step) where the request asks for no drafts or the
-        tree and the head's entries would not fit the context or the cache."""
-        if request.params.num_draft_tokens == 0:
+        """The tree's node count, or 0 (a plain step) where the request asks for no drafts, or
+        max_tokens allows no token past the bonus, or the tree and the head's entries would not
+        fit the context or the cache. (`propose` cuts paths deeper than max_tokens allows.)"""
+        if request.params.num_draft_tokens == 0 or len(request.output_token_ids) + 1 >= request.params.max_tokens:
             return 0
         limit = self.ctx.target_arch.max_position
         if self.pages is not None:
@@ -163,6 +164,8 @@ class EagleProposer(MtpProposer):
         all_parents: list[list[int]] = [[] for _ in requests]
         for i, b in enumerate(treed):
             all_parents[b] = parents[i]
+            allowance = requests[b].params.max_tokens - len(requests[b].output_token_ids) - 1  # no path drafts past the last token
+            tree.cut_row_to_depth(all_parents, full, full_probs, b, allowance)
         self._tokens, self._depths = full, [int(tree_shape.depths(p).max(initial=0)) for p in all_parents]
         self._sizes = [len(p) for p in all_parents]
         if self.chooser is not None:

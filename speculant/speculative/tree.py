@@ -103,6 +103,32 @@ def remap_parents(
     return torch.where(parent >= 0, position.gather(1, parent.clamp(min=0)), parent)
 
 
+def cut_to_depth(parents: Sequence[int], max_depth: int) -> tuple[list[int], list[int]]:
+    """(kept nodes, their parents re-indexed among them): the nodes at most max_depth deep, in
+    their order (a node's ancestors are shallower, so they stay)."""
+    node_depths = depths(parents)
+    kept = [i for i in range(len(parents)) if node_depths[i] <= max_depth]
+    index = {node: j for j, node in enumerate(kept)}
+    return kept, [index[parents[i]] if parents[i] >= 0 else -1 for i in kept]
+
+
+def cut_row_to_depth(
+    parents: list[list[int]],  # [B][n_b] each row's tree, row b replaced
+    tokens: torch.Tensor,  # [B, n] int64 node tokens, -1 padded; row b rewritten in place
+    probs: torch.Tensor | None,  # [B, n, V] the nodes' draft laws; row b rewritten in place
+    b: int,
+    max_depth: int,
+) -> None:
+    """Row b's tree without its nodes deeper than max_depth (nothing happens if none is)."""
+    if int(depths(parents[b]).max(initial=0)) <= max_depth:
+        return
+    kept, parents[b] = cut_to_depth(parents[b], max_depth)
+    index, pad = torch.tensor(kept, device=tokens.device), tokens.shape[1] - len(kept)
+    tokens[b] = torch.cat([tokens[b].index_select(0, index), tokens.new_full((pad,), -1)])
+    if probs is not None:
+        probs[b] = torch.cat([probs[b].index_select(0, index), probs.new_zeros(pad, probs.shape[2])])
+
+
 # ---- sampled siblings ----------------------------------------------------------------------------
 
 

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from speculant.sampling.params import SamplingParams
-from speculant.sampling.sampler import SamplingTensors, processed_probs, sample, token_logprobs
+from speculant.sampling.sampler import (
+    SamplingTensors,
+    processed_probs,
+    sample,
+    token_logprobs,
+    top_token_logprobs,
+)
 
 # Decisions closer than this to a top-p / min-p threshold may differ between float32 and the
 # float64 reference; such rows are skipped rather than compared.
@@ -202,3 +209,46 @@ def test_token_logprobs_is_log_softmax_of_raw_logits() -> None:
     got = token_logprobs(logits, ids)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("vocab", [20, 49152, 50001])
+def test_logprobs_of_a_row_do_not_depend_on_the_other_rows(vocab) -> None:
+    """A decode step reads one row, a verify step several: the same row's logprobs must agree
+    bit for bit (torch's own logsumexp splits a lone row over threads and can differ by an ulp),
+    also off the main thread, where the server's engine runs."""
+    import threading
+
+    def check() -> None:
+        gen = _seeded(0)
+        for _ in range(100):
+            rows = torch.randn(4, vocab, generator=gen) * 3
+            ids = torch.zeros(4, dtype=torch.int64)
+            assert torch.equal(token_logprobs(rows, ids)[:1], token_logprobs(rows[:1].clone(), ids[:1]))
+            assert torch.equal(top_token_logprobs(rows, 3)[0][:1], top_token_logprobs(rows[:1].clone(), 3)[0])
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        check()
+        errors = []
+        worker = threading.Thread(target=lambda: _record_error(check, errors))
+        worker.start()
+        worker.join()
+        assert not errors, errors
+
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_logprobs_of_a_row_of_minus_infinity_but_one() -> None:
+    logits = torch.full((2, 10), -torch.inf)
+    logits[0, 3] = 1.0
+    logits[1, 0] = -5.0
+    assert token_logprobs(logits, torch.tensor([3, 0])).tolist() == [0.0, 0.0]
+
+
+def _record_error(fn, errors: list) -> None:
+    try:
+        fn()
+    except AssertionError as exc:
+        errors.append(exc)

@@ -66,7 +66,10 @@ def test_adaptive_k_is_the_default(target):
 def test_without_adaptive_k_every_request_gets_the_configured_k(target):
     llm = tiny_llm(target, speculative="ngram", num_draft_tokens=4, adaptive_k=False)
     llm.generate(PROMPTS[:1], GREEDY)
-    assert set(llm.stats()["chosen_k_histogram"]) == {4}
+    histogram = llm.stats()["chosen_k_histogram"]
+    # fewer only on the last steps, where max_tokens leaves fewer than 4 tokens after the bonus
+    # (3, 2, 1, 0: each step takes one at least)
+    assert max(histogram) == 4 and sum(n for k, n in histogram.items() if k < 4) <= 4, histogram
     assert llm.engine.proposer.adaptive is None
 
 

@@ -68,3 +68,23 @@ def test_sampling_without_replacement_is_successive_draws():
     assert torch.allclose(first, q.double(), atol=0.015)
     second_given_0 = torch.bincount(draws[draws[:, 0] == 0, 1], minlength=4).double()
     assert torch.allclose(second_given_0 / second_given_0.sum(), torch.tensor([0.0, 0.6, 0.3, 0.1]).double(), atol=0.02)
+
+
+def test_cut_to_depth_keeps_the_shallow_nodes_and_their_links():
+    parents = [-1, -1, 0, 0, 1, 2, 4]  # depths 1, 1, 2, 2, 2, 3, 3
+    assert tree.cut_to_depth(parents, 3) == (list(range(7)), parents)
+    assert tree.cut_to_depth(parents, 2) == ([0, 1, 2, 3, 4], [-1, -1, 0, 0, 1])
+    assert tree.cut_to_depth(parents, 1) == ([0, 1], [-1, -1])
+    assert tree.cut_to_depth([-1, 0, -1, 2], 1) == ([0, 2], [-1, -1])
+
+
+def test_cut_row_to_depth_rewrites_one_row_in_place():
+    parents = [[-1, 0, 1], [-1, -1, 0]]
+    tokens = torch.tensor([[5, 6, 7], [8, 9, 10]])
+    probs = torch.arange(18, dtype=torch.float32).view(2, 3, 3)
+    tree.cut_row_to_depth(parents, tokens, probs, 0, 1)
+    assert parents == [[-1], [-1, -1, 0]]
+    assert tokens.tolist() == [[5, -1, -1], [8, 9, 10]]
+    assert probs[0, 1:].eq(0).all() and probs[0, 0].tolist() == [0.0, 1.0, 2.0] and probs[1].equal(torch.arange(9, 18, dtype=torch.float32).view(3, 3))
+    tree.cut_row_to_depth(parents, tokens, None, 1, 2)  # already shallow enough: unchanged
+    assert tokens.tolist() == [[5, -1, -1], [8, 9, 10]]
