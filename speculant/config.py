@@ -91,10 +91,11 @@ class GenerationDefaults:
 
 @dataclass(frozen=True)
 class ArchConfig:
-    """Architecture of a checkpoint: the Llama family (Llama 2/3, SmolLM2, Mistral, Qwen2/2.5), or
-    DeepSeek-V3 (`mla` and `moe` set)."""
+    """Architecture of a checkpoint: the Llama family (Llama 2/3, SmolLM2, Mistral, Qwen2/2.5), its
+    variants (Qwen3, Gemma 3, Phi-3: the fields below the EOS ids), or DeepSeek-V3 (`mla` and
+    `moe` set)."""
 
-    family: str  # "llama" | "qwen2" | "mistral" | "deepseek_v3"
+    family: str  # "llama" | "qwen2" | "mistral" | "qwen3" | "gemma3" | "phi3" | "deepseek_v3"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -112,6 +113,17 @@ class ArchConfig:
     eos_token_id: int | None = None  # the first end-of-sequence id the checkpoint names
     eos_token_ids: tuple[int, ...] = ()  # every id that ends generation: config lists, generation_config.json, GGUF eos/eot/eom
     generation: GenerationDefaults = GenerationDefaults()
+    # Per-family differences of the Llama-shaped decoder (defaults: Llama's; `speculant.models.variants`).
+    qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE (Qwen3, Gemma 3)
+    hidden_act: str = "silu"  # the gate's activation: "silu", or "gelu_tanh" (Gemma)
+    sandwich_norms: bool = False  # norms on the attention and MLP outputs, and before the MLP (Gemma 2/3)
+    norm_weight_offset: float = 0.0  # RMSNorms scale by offset + weight (Gemma: 1)
+    embed_scale: float = 1.0  # input embeddings times this (Gemma: sqrt(hidden_size))
+    query_pre_attn_scalar: float | None = None  # attention scale = this ** -0.5 (Gemma); None: head_dim's
+    final_logit_softcap: float | None = None  # logits -> cap * tanh(logits / cap) (Gemma 2)
+    sliding_window: int | None = None  # keys a sliding layer's query sees, itself included
+    sliding_layers: tuple[int, ...] = ()  # the layers that attend within `sliding_window`
+    local_rope_theta: float | None = None  # RoPE base of the sliding layers (Gemma 3); None: rope_theta
     mla: MlaConfig | None = None  # DeepSeek-V3 attention (num_heads, and head_dim = the RoPE dims)
     moe: MoeConfig | None = None  # DeepSeek-V3 experts
     mtp_layers: int = 0  # MTP modules the checkpoint keeps after its last layer (DeepSeek-V3)
@@ -119,6 +131,13 @@ class ArchConfig:
     @property
     def q_size(self) -> int:
         return self.num_heads * self.head_dim
+
+    @property
+    def is_llama_layer(self) -> bool:
+        """Every variant field at Llama's value: the plain Llama decoder layer runs it."""
+        plain = ArchConfig(self.family, 1, 1, 1, 1, 1, 1, 1)
+        fields = ("qk_norm", "hidden_act", "sandwich_norms", "norm_weight_offset", "embed_scale", "query_pre_attn_scalar", "final_logit_softcap", "sliding_layers")
+        return all(getattr(self, f) == getattr(plain, f) for f in fields)
 
     @property
     def stop_token_ids(self) -> frozenset[int]:

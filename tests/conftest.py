@@ -10,6 +10,6 @@ import torch
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 
-@pytest.fixture(params=["llama", "qwen2", "tied"])
+@pytest.fixture(params=["llama", "qwen2", "tied", "qwen3", "gemma3", "phi3"])
 def tiny_kind(request) -> str:
     return request.param

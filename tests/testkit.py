@@ -10,8 +10,10 @@ import torch
 
 
 def tiny_hf_config(kind: str = "llama", vocab_size: int = 256, **overrides):
-    """A small transformers config of the given kind: "llama", "qwen2" (q/k/v bias) or "tied"."""
-    from transformers import LlamaConfig, Qwen2Config
+    """A small transformers config of the given kind: "llama", "qwen2" (q/k/v bias), "tied",
+    "qwen3" (q/k norms), "gemma3" (sliding window 6 on layers 0 and 2, its own RoPE base there,
+    query_pre_attn_scalar 24, soft-capped logits) or "phi3" (fused products)."""
+    from transformers import Gemma3TextConfig, LlamaConfig, Phi3Config, Qwen2Config, Qwen3Config
 
     common = dict(
         vocab_size=vocab_size,
@@ -29,6 +31,15 @@ def tiny_hf_config(kind: str = "llama", vocab_size: int = 256, **overrides):
     common.update(overrides)
     if kind == "qwen2":
         return Qwen2Config(tie_word_embeddings=False, rope_theta=10000.0, **common)
+    if kind == "qwen3":
+        return Qwen3Config(tie_word_embeddings=False, head_dim=24, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **common)
+    if kind == "phi3":
+        return Phi3Config(tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **common)
+    if kind == "gemma3":
+        rope = {"full_attention": {"rope_type": "default", "rope_theta": 1e6}, "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
+        gemma = dict(head_dim=16, num_hidden_layers=3, layer_types=["sliding_attention", "full_attention", "sliding_attention"], sliding_window=6,
+                     query_pre_attn_scalar=24, final_logit_softcapping=5.0, rope_parameters=rope, tie_word_embeddings=True)  # fmt: skip
+        return Gemma3TextConfig(**{**common, **gemma})
     return LlamaConfig(tie_word_embeddings=(kind == "tied"), **common)
 
 
@@ -121,8 +132,10 @@ class TinyCheckpoint:
     """What `speculant.loader.load_checkpoint` returns, for a model built in the test."""
 
     def __init__(self, hf_model, tokenizer=None):
+        from speculant.loader.fused import split_fused
+
         self.arch = arch_of(hf_model)
-        self.weights = {k: v.detach().clone() for k, v in hf_model.state_dict().items()}
+        self.weights = split_fused({k: v.detach().clone() for k, v in hf_model.state_dict().items()}, self.arch)
         self.tokenizer = tokenizer
         self.path = None
 

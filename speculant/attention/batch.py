@@ -54,6 +54,9 @@ class ForwardBatch:
     custom_mask: np.ndarray  # [sum(q_len_b * w_b)] int64 0/1 over each sequence's last w_b keys, empty if causal
     mask_widths: np.ndarray  # [B] int64 w_b (q_len_b where causal), empty if causal
     page_size: int
+    # Sliding-window layers' plans only (host side, not packed): a query at position p sees the
+    # keys at positions > p - sliding_window. None: every visible key.
+    sliding_window: int | None = None
 
     @property
     def num_seqs(self) -> int:

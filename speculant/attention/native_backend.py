@@ -60,7 +60,7 @@ class NativeAttention(AttentionBackend):
         tok_seq = np.repeat(np.arange(fb.num_seqs), q_lens)
         offset = np.arange(fb.num_tokens) - fb.cu_seqlens_q[tok_seq]
         mask = None
-        if len(fb.custom_mask):  # a tree: every key up to the sequence's end, filtered by its mask
+        if len(fb.custom_mask) or fb.sliding_window is not None:  # a tree or a window: every key up to the sequence's end, filtered by a mask
             tok_keys = kv_lens[tok_seq]
             mask = torch.from_numpy(build_mask(fb, int(q_lens.max()), max_kv)[tok_seq, offset])
         else:  # causal: the prefix and the new tokens up to itself

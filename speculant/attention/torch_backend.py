@@ -180,7 +180,7 @@ def _groups(fb: ForwardBatch, kv_gather: np.ndarray, device: torch.device) -> li
         starts = fb.cu_seqlens_q[seqs]
         tokens = np.concatenate([np.arange(a, a + n) for a, n in zip(starts, sub_q)])
         cu = np.concatenate([[0], np.cumsum(sub_q)])
-        sub = dataclasses.replace(fb, cu_seqlens_q=cu, kv_lens=sub_kv, input_ids=fb.input_ids[tokens])
+        sub = dataclasses.replace(fb, cu_seqlens_q=cu, kv_lens=sub_kv, input_ids=fb.input_ids[tokens], positions=fb.positions[tokens])
         max_q, max_kv = int(sub_q.max()), int(sub_kv.max())
         gathered = _as_tensor(device, kv_gather[seqs, :max_kv])
         meta = TorchAttentionMeta(None, gathered, num_seqs=len(seqs), max_q=max_q, **_padding(sub, max_q, max_kv, device))
@@ -193,7 +193,7 @@ def build_mask(fb: ForwardBatch, max_q: int, max_kv: int) -> np.ndarray | None:
     q_lens, kv_lens = fb.q_lens, fb.kv_lens
     kv_start = kv_lens - q_lens
     no_tree = len(fb.custom_mask) == 0
-    if no_tree and max_q == 1 and (kv_lens == max_kv).all():
+    if no_tree and max_q == 1 and (kv_lens == max_kv).all() and fb.sliding_window is None:
         return None
     qi = np.arange(max_q)[None, :, None]
     kj = np.arange(max_kv)[None, None, :]
@@ -201,8 +201,17 @@ def build_mask(fb: ForwardBatch, max_q: int, max_kv: int) -> np.ndarray | None:
     if not no_tree:
         _apply_tree_masks(mask, fb, kv_start)
     mask &= kj < kv_lens[:, None, None]
+    if fb.sliding_window is not None:  # key j sits at position j (the prefix; tree keys are the newest)
+        mask &= kj > _query_positions(fb, max_q)[:, :, None] - fb.sliding_window
     mask |= (qi >= q_lens[:, None, None]) & (kj == 0)  # padded query rows: one key, no NaN
     return mask
+
+
+def _query_positions(fb: ForwardBatch, max_q: int) -> np.ndarray:  # [B, Q] (0 where padded)
+    seq = np.repeat(np.arange(fb.num_seqs), fb.q_lens)
+    positions = np.zeros((fb.num_seqs, max_q), dtype=np.int64)
+    positions[seq, np.arange(fb.num_tokens) - fb.cu_seqlens_q[seq]] = fb.positions
+    return positions
 
 
 def _apply_tree_masks(mask: np.ndarray, fb: ForwardBatch, kv_start: np.ndarray) -> None:

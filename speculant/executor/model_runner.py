@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from speculant.attention.base import AttentionBackend
@@ -47,10 +49,17 @@ class ModelRunner:
         packed = torch.from_numpy(host).to(self.device, non_blocking=True)  # one copy
         view = ForwardBatch.unpack(packed, header=host)
         meta = self.backend.plan(fb, self.device)
-        ctx = ForwardContext(self.backend, meta, self.kv.k, self.kv.v)
+        ctx = ForwardContext(self.backend, meta, self.kv.k, self.kv.v, self._window_plan(fb))
         if input_ids is None and input_embeds is None:
             input_ids = view.input_ids
         hidden = self.model.forward(input_ids, view.positions, ctx, input_embeds, hidden_states)
         rows = view.logits_indices if logits_rows is None else logits_rows
         logits = self.model.compute_logits(hidden.index_select(0, rows))
         return logits, hidden
+
+    def _window_plan(self, fb: ForwardBatch):
+        """The sliding-window layers' plan, when the model has them and a key falls outside a window."""
+        arch = self.model.arch
+        if not arch.sliding_layers or arch.sliding_window is None or int(fb.kv_lens.max()) <= arch.sliding_window:
+            return None
+        return self.backend.plan(dataclasses.replace(fb, sliding_window=arch.sliding_window), self.device)

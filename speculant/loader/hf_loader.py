@@ -13,10 +13,15 @@ from safetensors import SafetensorError
 from speculant.config import ArchConfig, RopeScaling
 from speculant.loader.errors import CheckpointError
 from speculant.loader.files import open_safetensors, read_json
+from speculant.loader.fused import split_fused
 from speculant.loader.generation import eos_ids, hf_generation_config
-from speculant.loader.validate import check_shapes
+from speculant.loader.hf_variants import split_rope, variant_fields
+from speculant.loader.validate import FUSED_FAMILIES, check_shapes
 
-_FAMILIES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "deepseek_v3": "deepseek_v3"}
+_FAMILIES = {
+    "llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "deepseek_v3": "deepseek_v3",
+    "qwen3": "qwen3", "gemma3_text": "gemma3", "phi3": "phi3",
+}  # fmt: skip
 _PICKLED = ("*.bin", "*.pt", "*.pth", "*.ckpt")
 _INDEX = "model.safetensors.index.json"
 
@@ -36,7 +41,7 @@ def arch_from_hf_config(config: dict[str, Any], folder: pathlib.Path = pathlib.P
             folder / "config.json", f"unsupported model_type {config.get('model_type')!r}"
         )
     hidden, num_heads = config["hidden_size"], config["num_attention_heads"]
-    rope = _rope_parameters(config)
+    rope, local_rope = split_rope(family, _rope_parameters(config))
     eos = eos_ids(config.get("eos_token_id"), folder / "config.json")
     arch = ArchConfig(
         family=family,
@@ -56,6 +61,7 @@ def arch_from_hf_config(config: dict[str, Any], folder: pathlib.Path = pathlib.P
         bos_token_id=_first_id(config.get("bos_token_id")),
         eos_token_id=eos[0] if eos else None,
         eos_token_ids=eos,
+        **variant_fields(family, config, local_rope, folder / "config.json"),
     )
     if family == "deepseek_v3":
         from speculant.loader.deepseek import deepseek_arch
@@ -89,9 +95,11 @@ def _rope_scaling(rope: dict[str, Any], path: pathlib.Path) -> RopeScaling:
             mscale=float(rope.get("mscale") or 0),
             mscale_all_dim=float(rope.get("mscale_all_dim") or 0),
         )
+    if kind == "linear":
+        return RopeScaling(kind="linear", factor=float(rope["factor"]))
     if kind != "llama3":
         raise CheckpointError(
-            path, f"unsupported rope scaling type {kind!r} (supported: default, llama3, yarn)"
+            path, f"unsupported rope scaling type {kind!r} (supported: default, linear, llama3, yarn)"
         )
     defaults = RopeScaling(kind="llama3")
     return RopeScaling(
@@ -120,8 +128,8 @@ def load_hf_weights(
 ) -> dict[str, torch.Tensor]:
     """Every tensor the model needs; `slices(name)` -> (dim, start, stop) reads only that part
     of a tensor from the file (a tensor-parallel rank's shard), None the whole tensor."""
-    if slices is not None and arch.family == "deepseek_v3":
-        raise CheckpointError(folder, "sliced loading (tensor parallelism) covers the Llama family only")
+    if slices is not None and not (arch.family != "deepseek_v3" and arch.is_llama_layer and arch.family not in FUSED_FAMILIES):
+        raise CheckpointError(folder, f"sliced loading (tensor parallelism) covers the Llama family only, not {arch.family}")
     if arch.family == "deepseek_v3":
         from speculant.loader.deepseek import load_deepseek_weights
 
@@ -136,7 +144,7 @@ def load_hf_weights(
     weights: dict[str, torch.Tensor] = {}
     for path, names in by_file.items():
         weights |= _read_tensors(path, [name for name in names if name in wanted], dtype, slices)
-    return weights
+    return split_fused(weights, arch)
 
 
 def _weight_files(folder: pathlib.Path) -> dict[str, pathlib.Path]:

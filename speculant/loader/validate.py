@@ -9,6 +9,8 @@ import torch
 from speculant.config import ArchConfig
 from speculant.loader.errors import CheckpointError
 
+FUSED_FAMILIES = frozenset({"phi3"})  # q/k/v and gate/up stored fused, as qkv_proj and gate_up_proj
+
 
 def expected_shapes(arch: ArchConfig) -> dict[str, tuple[int, ...]]:
     """Hugging Face Llama/Qwen2 name -> shape ([out, in] for linear weights)."""
@@ -27,14 +29,34 @@ def expected_shapes(arch: ArchConfig) -> dict[str, tuple[int, ...]]:
             prefix + "mlp.up_proj.weight": (inter, hidden),
             prefix + "mlp.down_proj.weight": (hidden, inter),
         }
+        shapes |= _variant_shapes(arch, prefix)
         if arch.attention_bias:
             shapes |= {
                 prefix + "self_attn.q_proj.bias": (arch.q_size,),
                 prefix + "self_attn.k_proj.bias": (arch.kv_size,),
                 prefix + "self_attn.v_proj.bias": (arch.kv_size,),
             }
+    if arch.family in FUSED_FAMILIES:
+        separate = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+        shapes = {name: shape for name, shape in shapes.items() if name.rsplit(".", 2)[-2] not in separate}
     shapes["model.norm.weight"] = (hidden,)
     shapes["lm_head.weight"] = (arch.vocab_size, hidden)
+    return shapes
+
+
+def _variant_shapes(arch: ArchConfig, prefix: str) -> dict[str, tuple[int, ...]]:
+    """A layer's tensors beyond Llama's: q/k norms, Gemma's extra norms, Phi-3's fused products
+    (in place of the separate ones; `speculant.loader.fused` splits them after loading)."""
+    hidden, shapes = arch.hidden_size, {}
+    if arch.qk_norm:
+        shapes |= {prefix + "self_attn.q_norm.weight": (arch.head_dim,), prefix + "self_attn.k_norm.weight": (arch.head_dim,)}
+    if arch.sandwich_norms:
+        shapes |= {prefix + f"{name}.weight": (hidden,) for name in ("pre_feedforward_layernorm", "post_feedforward_layernorm")}
+    if arch.family in FUSED_FAMILIES:
+        return shapes | {
+            prefix + "self_attn.qkv_proj.weight": (arch.q_size + 2 * arch.kv_size, hidden),
+            prefix + "mlp.gate_up_proj.weight": (2 * arch.intermediate_size, hidden),
+        }
     return shapes
 
 

@@ -21,6 +21,7 @@ class ForwardContext:
     meta: Any  # what backend.plan returned for this forward
     k_cache: torch.Tensor  # [num_layers, num_slots, kv_heads, k_dim] (`CacheLayout`)
     v_cache: torch.Tensor  # [num_layers, num_slots, kv_heads, v_dim]; MLA: a view of k_cache
+    window_meta: Any = None  # the plan of sliding-window layers (`ArchConfig.sliding_window`); None: `meta`
 
 
 # A head's block: x [T, hidden], positions [T], the forward's context (the head's one cache layer)
@@ -30,7 +31,8 @@ HeadBlock = Callable[[torch.Tensor, torch.Tensor, ForwardContext], torch.Tensor]
 class CausalLM(ABC):
     """A decoder over flat ragged batches: `forward` returns last-layer hidden states for every
     token (before the final norm, which EAGLE/MTP heads consume), `final_norm` applies the final
-    norm alone, `compute_logits` turns selected rows into logits (final norm, then the LM head).
+    norm alone, `compute_logits` turns selected rows into logits (final norm, then the LM head, then
+    the family's logit soft-cap where it has one).
 
     `forward` reads token ids, or input embeddings in their place; `hidden_states` is an extra
     input for draft heads (a head fuses it with its embeddings); plain decoders refuse it."""

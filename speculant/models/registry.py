@@ -13,6 +13,9 @@ _FAMILIES = {
     "llama": "speculant.models.llama:LlamaForCausalLM",
     "mistral": "speculant.models.llama:LlamaForCausalLM",
     "qwen2": "speculant.models.llama:LlamaForCausalLM",
+    "phi3": "speculant.models.llama:LlamaForCausalLM",  # fused products split on load
+    "qwen3": "speculant.models.variants:LlamaVariantForCausalLM",
+    "gemma3": "speculant.models.variants:LlamaVariantForCausalLM",
     "deepseek_v3": "speculant.models.deepseek_v3:DeepseekV3ForCausalLM",
 }
 

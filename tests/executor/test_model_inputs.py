@@ -44,7 +44,8 @@ def test_final_norm_then_lm_head_equals_compute_logits(tiny_kind):
     assert normed.shape == hidden.shape
     torch.testing.assert_close(torch.linalg.vector_norm(normed / model.norm, dim=-1) ** 2 / hidden.shape[1],
                                torch.ones(hidden.shape[0]), atol=1e-3, rtol=1e-3)
-    torch.testing.assert_close(model.lm_head(normed).float(), model.compute_logits(hidden))
+    logits, cap = model.lm_head(normed).float(), model.arch.final_logit_softcap
+    torch.testing.assert_close(logits if cap is None else cap * torch.tanh(logits / cap), model.compute_logits(hidden))
 
 
 def test_bad_extra_inputs_are_clear_errors():

@@ -1,5 +1,6 @@
-"""Our LlamaForCausalLM through the paged cache against transformers' logits (tiny random Llama,
-Qwen2 with q/k/v bias, tied embeddings), float32: every row of a ragged two-forward batch —
+"""Our LlamaForCausalLM (and its variants) through the paged cache against transformers' logits
+(tiny random Llama, Qwen2 with q/k/v bias, tied embeddings, Qwen3, Gemma 3 with sliding-window
+layers shorter than the sequences, Phi-3), float32: every row of a ragged two-forward batch —
 whole prefills, a prefill split into chunks, decodes and multi-token verification."""
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ def test_positions_apart_from_slots(tiny_kind: str) -> None:
     torch.testing.assert_close(out, _hf_logits(hf, tokens), atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("kind", ["llama"])
+@pytest.mark.parametrize("kind", ["llama", "gemma3"])  # gemma3: the nodes' sliding windows follow their positions
 def test_tree_branch_equals_its_linear_path(kind: str) -> None:
     """A draft tree's node sees only its ancestors: its logits equal those of the linear path."""
     hf = tiny_hf_model(kind, seed=4)
