@@ -55,6 +55,11 @@ class DenseLinear:
         if not keep_weight and set(self.kernels.values()) == {"onednn"}:
             self.weight = None
 
+    def native_operands(self) -> tuple | None:
+        """(kind, operands, bias, out) for the native decoder stack (`kernels/csrc/stack.cpp`),
+        None where this product does not run on the native kernels."""
+        return None if self.native is None else (2, [self.weight], self.bias, self.shape[0])
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
         w = self.weight
         if self.native is not None:
@@ -80,6 +85,9 @@ class Int4Linear:
         scale_zero = torch.stack([weight.scale, weight.zero], dim=-1)  # [out, groups, 2]
         self.scale_zero = scale_zero.transpose(0, 1).contiguous().bfloat16()  # [groups, out, 2]
 
+    def native_operands(self) -> tuple | None:
+        return None if self.native is None else (0, [self.packed, self.d, self.m], self.bias, self.shape[0])
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
         if self.native is not None:
             out = self.native.int4_linear(_rows_f32(x), self.packed, self.d, self.m, self.shape[0], native.use_avx2())
@@ -99,6 +107,9 @@ class Int8Linear:
             self.q, self.scale = packing.pack_int8(weight)  # see layers/packing.py
         else:
             self.q, self.scale = weight.q.contiguous(), weight.scale.bfloat16()
+
+    def native_operands(self) -> tuple | None:
+        return None if self.native is None else (1, [self.q, self.scale], self.bias, self.shape[0])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
         if self.native is not None:

@@ -19,6 +19,7 @@ from speculant.layers.linear import Linear, make_linear
 from speculant.layers.norm import add_rms_norm, rms_norm
 from speculant.layers.quant import cat_rows
 from speculant.layers.rotary import RotaryEmbedding, rotate_heads
+from speculant.models import native_stack
 from speculant.models.base import CausalLM, ForwardContext
 
 # attention over flat tokens: q [T, heads, head_dim], k/v [T, kv_heads, head_dim] -> [T, heads * head_dim]
@@ -43,6 +44,7 @@ class LlamaForCausalLM(CausalLM):
         self.layers: list[LayerWeights] = []
         self.embed_tokens = self.norm = torch.empty(0)
         self.lm_head: Linear | None = None
+        self._stack = False  # the native stack: False until built, None where it cannot run
 
     def load_weights(self, weights: dict) -> None:
         """HF-named weights: float tensors, or quantized layouts (`speculant.layers.quant`) for
@@ -56,6 +58,7 @@ class LlamaForCausalLM(CausalLM):
             head = self.embed_tokens
         self.lm_head = self._linear(head)
         self.layers = [self._load_layer(get, weights, i) for i in range(self.arch.num_layers)]
+        self._stack = False  # not built yet
 
     def _linear(self, weight, bias: torch.Tensor | None = None, keep_weight: bool = True) -> Linear:
         """keep_weight=False for a decoder layer's own products (the lm_head's weight may be the
@@ -99,9 +102,17 @@ class LlamaForCausalLM(CausalLM):
             raise ValueError("hidden_states: a Llama decoder takes no hidden-state input (draft heads do)")
         x = self.embed(input_ids) if input_embeds is None else input_embeds  # [T, hidden]
         cos, sin = self.rotary.lookup(positions)
+        if native_stack.runs(ctx, x) and self._native_stack() is not None:
+            return native_stack.forward(self._stack, x, cos, sin, ctx)
         for i, layer in enumerate(self.layers):
             x = self._layer(i, layer, x, cos, sin, ctx)
         return x
+
+    def _native_stack(self):
+        """The layers as one native call (`native_stack`), built at the first forward after a load."""
+        if self._stack is False:
+            self._stack = native_stack.build(self)
+        return self._stack
 
     def _layer(self, i: int, w: LayerWeights, x: torch.Tensor, cos, sin, ctx: ForwardContext) -> torch.Tensor:
         def attend(q, k, v):
