@@ -2,6 +2,7 @@
 
     POST /v1/completions, POST /v1/chat/completions   (stream=true: server-sent events)
     GET  /v1/models, GET /health, GET /metrics (Prometheus)
+    POST /tokenize, POST /detokenize, GET /version     (`utility_routes`)
 
 The app's lifespan starts the engine thread and, on shutdown, drains it. Around the routes, from
 the outside in: CORS (only with allowed origins), the API key (only when set), the body limit.
@@ -31,6 +32,7 @@ from speculant.server.protocol import ChatCompletionRequest, CompletionRequest, 
 from speculant.server.request_stream import Chat, RequestStream
 from speculant.server.responses import ChatFormatter, CompletionFormatter
 from speculant.server.streaming import Formatter, SSEResponse, collect, sse_events
+from speculant.server.utility_routes import add_utility_routes
 
 _SAMPLING_FIELDS = {
     "max_tokens",
@@ -43,6 +45,7 @@ _SAMPLING_FIELDS = {
     "min_p",
     "seed",
     "stop",
+    "stop_token_ids",
     "num_draft_tokens",
 }
 
@@ -79,6 +82,7 @@ def create_app(
     app.get("/metrics")(api.metrics)
     app.post("/v1/completions")(api.completions)
     app.post("/v1/chat/completions")(api.chat_completions)
+    add_utility_routes(app, encoder, async_engine.engine.arch.vocab_size, async_engine.engine.arch.max_position)
     return app
 
 
@@ -244,6 +248,7 @@ def _sampling_params(
         "seed": body.seed,
         "stop": (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ()),
         "num_draft_tokens": body.num_draft_tokens,
+        "stop_token_ids": tuple(body.stop_token_ids) if body.stop_token_ids else None,
         "max_tokens": max_tokens,
     }
     kwargs = {k: v for k, v in chosen.items() if v is not None}

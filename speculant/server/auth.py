@@ -1,7 +1,7 @@
 """Bearer-token authentication for the API routes (`--api-key` / SPECULANT_API_KEY).
 
-/health and /metrics stay open (probes and scrapers carry no key); every /v1/ route needs
-`Authorization: Bearer <key>`, compared in constant time. A miss is a 401 in the OpenAI shape.
+/health, /metrics and /version stay open (probes and scrapers carry no key); every /v1/ route,
+/tokenize and /detokenize need `Authorization: Bearer <key>`, compared in constant time. A miss is a 401 in the OpenAI shape.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from speculant.server.errors import APIError
 
-_PROTECTED = "/v1/"
+_PROTECTED = ("/v1/", "/tokenize", "/detokenize")
 
 
 class ApiKeyAuth:

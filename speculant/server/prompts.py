@@ -29,6 +29,13 @@ class PromptEncoder:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.pool, self._encode, prompt, field)
 
+    async def decode(self, ids: list[int], field: str) -> str:
+        """The text of token ids (special tokens kept); raises APIError(400) with `param=field`."""
+        if self.tokenizer is None:
+            raise bad_request(f"{field}: this model has no tokenizer", field)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.pool, self.tokenizer.decode, ids)
+
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
 

@@ -7,7 +7,7 @@ the request. Declared OpenAI fields this engine cannot honour in some values (n 
 penalties, logit_bias, tools, a non-text response format) are refused in `unsupported()`.
 `null` means the same as leaving a field out.
 
-Extensions beyond the OpenAI schema: `top_k`, `min_p`, `ignore_eos`, `num_draft_tokens` in requests
+Extensions beyond the OpenAI schema: `top_k`, `min_p`, `ignore_eos`, `stop_token_ids`, `num_draft_tokens` in requests
 and a `speculation` object in responses (see `responses.py`).
 """
 
@@ -44,6 +44,7 @@ class _SamplingFields(BaseModel):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     ignore_eos: bool | None = None
+    stop_token_ids: list[Annotated[int, Field(ge=0, le=_INT64_MAX)]] | None = None
     num_draft_tokens: Annotated[int, Field(ge=0, le=_INT64_MAX)] | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
@@ -115,15 +116,19 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[dict] | None = None  # an assistant's earlier calls, sent back after a tool round
+    tool_call_id: str | None = None  # a tool message: the call it answers
+    refusal: str | None = None  # an assistant's earlier refusal
 
     def template_dict(self) -> dict:
-        """What the chat template sees: plain-text content."""
+        """What the chat template sees: plain-text content, and tool calls and ids when set."""
         content = self.content
         if isinstance(content, list):
             content = "".join(part.text for part in content)
-        message = {"role": self.role, "content": content or ""}
-        if self.name is not None:
-            message["name"] = self.name
+        message = {"role": self.role, "content": content or self.refusal or ""}
+        for key in ("name", "tool_calls", "tool_call_id"):
+            if getattr(self, key) is not None:
+                message[key] = getattr(self, key)
         return message
 
 
