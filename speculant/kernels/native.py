@@ -46,13 +46,21 @@ def module():
 
 
 @functools.cache
-def _load():
+def source_tag() -> str:
+    """A hash of the kernels' sources and build flags: names the build, and keys anything measured
+    with these kernels (the step cost calibration)."""
     src = pathlib.Path(__file__).parent / "csrc"
     digest = hashlib.sha256()
     for name in _SOURCES + _HEADERS:
         digest.update((src / name).read_bytes())
     digest.update(" ".join(_CFLAGS + [torch.__version__, sys.version]).encode())
-    tag = digest.hexdigest()[:12]
+    return digest.hexdigest()[:12]
+
+
+@functools.cache
+def _load():
+    src = pathlib.Path(__file__).parent / "csrc"
+    tag = source_tag()
     build = cache_dir() / "native" / tag
     build.mkdir(parents=True, exist_ok=True)
     built = build / f"speculant_native_{tag}.so"

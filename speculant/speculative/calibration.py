@@ -20,6 +20,7 @@ import torch
 from speculant.attention.batch import SeqInput
 from speculant.config import ArchConfig, ModelConfig
 from speculant.executor.plan import TARGET, ForwardPlan, Forwards
+from speculant.kernels import native
 from speculant.kv_cache.allocator import PageTables
 from speculant.layers.autotune import cpu_name
 from speculant.utils.json_cache import read_json, write_json
@@ -112,8 +113,9 @@ def calibrated_k(k_max: int) -> int:
 def cache_key(model: ModelConfig, arch: ArchConfig, k_max: int) -> str:
     shape = f"{arch.family}:{arch.hidden_size}x{arch.num_layers}:{arch.num_heads}/{arch.num_kv_heads}x{arch.head_dim}:{arch.intermediate_size}:{arch.vocab_size}"
     settings = f"{model.device}|{model.dtype}|{model.weights}|{model.attention_backend}|k{k_max}"
-    # v7: the batched points hold one total context (v6: verification forwards got cheaper)
-    return f"v7|{cpu_name()}|{os.cpu_count()}|{torch.get_num_threads()}|{torch.__version__}|{settings}|{shape}"
+    # v8: the native kernels' source tag (v7: the batched points hold one total context)
+    kernels = native.source_tag() if native.available() else "torch"
+    return f"v8|{cpu_name()}|{os.cpu_count()}|{torch.get_num_threads()}|{torch.__version__}|{kernels}|{settings}|{shape}"
 
 
 def load_cached(key: str) -> list[Sample] | None:
