@@ -11,9 +11,12 @@ from speculant.config import ArchConfig, RopeScaling
 from speculant.loader.errors import CheckpointError
 from speculant.loader.generation import gguf_eos_ids
 from speculant.loader.gguf_file import GGUFFile
+from speculant.loader.gguf_variants import FAMILIES as VARIANT_FAMILIES
+from speculant.loader.gguf_variants import LAYER_NAMES as VARIANT_LAYER_NAMES
+from speculant.loader.gguf_variants import variant_fields
 
 # general.architecture -> ArchConfig.family. llama.cpp writes Mistral 7B as "llama".
-_FAMILIES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2"}
+_FAMILIES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", **VARIANT_FAMILIES}
 
 # Families whose q/k rows llama.cpp's converter permuted (see `unpermute_qk`).
 PERMUTED_FAMILIES = frozenset({"llama", "mistral"})
@@ -37,15 +40,16 @@ _GLOBAL_NAMES = {
 _LAYER_PATTERN = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
-def hf_name(gguf_name: str) -> str | None:
-    """The Hugging Face name of a GGUF tensor, or None for tensors we do not use."""
+def hf_name(gguf_name: str, family: str = "llama") -> str | None:
+    """The Hugging Face name of a GGUF tensor of `family`, or None for tensors we do not use."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
+    names = _LAYER_NAMES | VARIANT_LAYER_NAMES.get(family, {})
     match = _LAYER_PATTERN.fullmatch(gguf_name)
-    if match is None or match.group(2) not in _LAYER_NAMES:
+    if match is None or match.group(2) not in names:
         return None
     layer, part, kind = match.groups()
-    return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
+    return f"model.layers.{layer}.{names[part]}.{kind}"
 
 
 def arch_config(gguf: GGUFFile) -> ArchConfig:
@@ -87,6 +91,7 @@ def arch_config(gguf: GGUFFile) -> ArchConfig:
         bos_token_id=_optional_int(meta.get("tokenizer.ggml.bos_token_id")),
         eos_token_id=_optional_int(meta.get("tokenizer.ggml.eos_token_id")),
         eos_token_ids=gguf_eos_ids(gguf.metadata, gguf.path),
+        **variant_fields(gguf, _FAMILIES[arch], get),
     )
 
 

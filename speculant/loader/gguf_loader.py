@@ -9,11 +9,13 @@ import torch
 from speculant.config import ArchConfig
 from speculant.loader.dequant import SUPPORTED_TYPES, dequantize
 from speculant.loader.errors import CheckpointError
+from speculant.loader.fused import split_fused
 from speculant.loader.gguf_arch import PERMUTED_FAMILIES, arch_config, hf_name
 from speculant.loader.gguf_deepseek_arch import ARCH as DEEPSEEK_ARCH
 from speculant.loader.gguf_file import GGUFFile
+from speculant.loader.gguf_variants import to_hf_norm
 from speculant.loader.requant import keeps_quantized, requantize
-from speculant.loader.validate import check_shapes
+from speculant.loader.validate import FUSED_FAMILIES, check_shapes
 
 
 def load_gguf_weights(
@@ -29,7 +31,9 @@ def load_gguf_weights(
     arch = arch_config(gguf)
     if slices is not None and keep_quantized:
         raise CheckpointError(gguf.path, "sliced loading (tensor parallelism) dequantizes: keep_quantized must be off")
-    names = {hf: info.name for info in gguf.tensors.values() if (hf := hf_name(info.name))}
+    if slices is not None and (not arch.is_llama_layer or arch.family in FUSED_FAMILIES):
+        raise CheckpointError(gguf.path, f"sliced loading (tensor parallelism) covers the Llama family only, not {arch.family}")
+    names = {hf: info.name for info in gguf.tensors.values() if (hf := hf_name(info.name, arch.family))}
     # Shapes are checked from the tensor infos, before minutes of work could be wasted.
     check_shapes(arch, {hf: gguf.tensors[name].shape for hf, name in names.items()}, gguf.path)
     wanted = [hf for hf in names if hf != "lm_head.weight" or not arch.tie_word_embeddings]
@@ -38,7 +42,7 @@ def load_gguf_weights(
     if keep_quantized and "lm_head.weight" not in weights and embed is not None:
         # A tied head keeps the embedding's blocks; the lookup table itself is dequantized.
         weights["lm_head.weight"] = _load_tensor(gguf, embed, "lm_head.weight", arch, dtype, True)
-    return arch, weights
+    return arch, split_fused(weights, arch)
 
 
 def _load_tensor(
@@ -51,7 +55,7 @@ def _load_tensor(
         weight = requantize(gguf.raw(name), info.ggml_type, info.shape)
         return weight.map_rows(lambda t: _unpermute(t, hf, arch))
     tensor = dequantize(gguf.raw(name), info.ggml_type, info.shape, dtype)
-    return _unpermute(tensor, hf, arch)
+    return to_hf_norm(_unpermute(tensor, hf, arch), hf, arch)
 
 
 def _cut(tensor: torch.Tensor, hf: str, arch: ArchConfig, slices) -> torch.Tensor:

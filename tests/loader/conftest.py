@@ -1,4 +1,5 @@
-"""Tiny random Llama and Qwen2 checkpoints, saved as HF folders and written out as GGUF files.
+"""Tiny random Llama, Qwen2, Qwen3, Gemma 3 and Phi-3 checkpoints, saved as HF folders and
+written out as GGUF files.
 
 The GGUF writer here plays llama.cpp's converter: it renames tensors, permutes Llama's q/k rows
 and quantizes 2-D weights, and it returns what a correct loader must give back for each tensor
@@ -19,15 +20,31 @@ from safetensors.torch import load_file
 from tokenizers import AddedToken, decoders, pre_tokenizers
 from transformers import (
     AutoConfig,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+from variant_gguf import (
+    GGUF_ARCH,
+    TENSOR_NAMES,
+    reference,
+    rope_theta,
+    stored_norm_offset,
+    write_variant_metadata,
 )
 
+from speculant.loader.fused import split_fused
 from speculant.loader.gguf_loader import permute_qk, unpermute_qk
 from speculant.loader.gguf_tokenizer import _byte_level_bpe, byte_alphabet
+from speculant.loader.hf_loader import load_hf_config
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MERGES = ["Ġ t", "h e", "Ġt he", "Ġ a", "i n", "Ġ w", "o r", "Ġw or", "l d", "Ġwor ld", "1 2"]
@@ -101,15 +118,38 @@ def tiny_qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     return _save_model(tmp_path_factory.mktemp("tiny_qwen2"), Qwen2ForCausalLM(config))
 
 
+@pytest.fixture(scope="session")
+def tiny_qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    torch.manual_seed(2)
+    config = Qwen3Config(**_common(tie=False), head_dim=64, rope_theta=1000000.0)
+    return _save_model(tmp_path_factory.mktemp("tiny_qwen3"), Qwen3ForCausalLM(config))
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3_dir(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """Both layers sliding (Gemma 3's five of six), a window of 4 tokens. Untied: with small
+    random weights a tied head mostly repeats the scaled input embedding's token."""
+    torch.manual_seed(3)
+    config = Gemma3TextConfig(**_common(tie=False), head_dim=64, query_pre_attn_scalar=64, sliding_window=4)
+    return _save_model(tmp_path_factory.mktemp("tiny_gemma3"), Gemma3ForCausalLM(config))
+
+
+@pytest.fixture(scope="session")
+def tiny_phi3_dir(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    torch.manual_seed(4)
+    config = Phi3Config(**_common(tie=False), pad_token_id=0, rope_theta=10000.0)
+    return _save_model(tmp_path_factory.mktemp("tiny_phi3"), Phi3ForCausalLM(config))
+
+
 def hf_weights(folder: pathlib.Path) -> dict[str, torch.Tensor]:
     return load_file(folder / "model.safetensors")
 
 
-def gguf_name(hf: str) -> str:
+def gguf_name(hf: str, arch: str = "llama") -> str:
     if hf.startswith("model.layers."):
         _, _, layer, *rest = hf.split(".")
         module, kind = ".".join(rest[:-1]), rest[-1]
-        return f"blk.{layer}.{HF_TO_GGUF[module]}.{kind}"
+        return f"blk.{layer}.{(HF_TO_GGUF | TENSOR_NAMES.get(arch, {}))[module]}.{kind}"
     return {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
             "lm_head.weight": "output.weight"}[hf]  # fmt: skip
 
@@ -149,13 +189,17 @@ def _stored(weight: np.ndarray, qtype: QType, name: str) -> tuple[np.ndarray, QT
 def write_gguf(
     hf_dir: pathlib.Path, out: pathlib.Path, qtype: QType, *, skip: str | None = None,
     tokenizer_pre: str = "gpt2", add_bos: bool = False, end_ids: dict[str, int] | None = None,
+    extra: Callable[[gguf.GGUFWriter], None] | None = None,
 ) -> dict[str, torch.Tensor]:  # fmt: skip
     """Write `hf_dir`'s model as a GGUF and return the weights a loader must produce from it.
-    `end_ids`: {"eos" | "eot" | "eom": id} in place of the default EOS id 2."""
+    `end_ids`: {"eos" | "eot" | "eom": id} in place of the default EOS id 2; `extra(writer)`
+    writes more keys or tensors."""
     config = AutoConfig.from_pretrained(hf_dir)
-    arch = "llama" if config.model_type == "llama" else "qwen2"
+    arch = GGUF_ARCH[config.model_type]
     writer = gguf.GGUFWriter(out, arch)
     _write_metadata(writer, config, arch, tokenizer_pre, add_bos, end_ids or {"eos": 2})
+    if extra is not None:
+        extra(writer)
     expected = {}
     for name, tensor in hf_weights(hf_dir).items():
         if name == skip:
@@ -165,7 +209,7 @@ def write_gguf(
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return expected
+    return split_fused(expected, load_hf_config(hf_dir))  # Phi-3's fused products, split as loaded
 
 
 def _write_tensor(
@@ -178,14 +222,14 @@ def _write_tensor(
         else None
     )
     weight = permute_qk(tensor, head_count) if head_count else tensor
-    data, stored_type = _stored(weight.float().numpy(), qtype, name)
+    data, stored_type = _stored(weight.float().numpy() + stored_norm_offset(arch, name), qtype, name)
     writer.add_tensor(
-        gguf_name(name), data, raw_dtype=stored_type if stored_type != QType.F32 else None
+        gguf_name(name, arch), data, raw_dtype=stored_type if stored_type != QType.F32 else None
     )
-    reference = torch.from_numpy(
+    stored = torch.from_numpy(
         gguf.quants.dequantize(data, stored_type).reshape(tensor.shape).copy()
     )
-    return unpermute_qk(reference, head_count) if head_count else reference
+    return unpermute_qk(stored, head_count) if head_count else reference(stored, arch, name)
 
 
 def _write_metadata(writer: gguf.GGUFWriter, config, arch: str, pre: str, add_bos: bool, end_ids: dict[str, int]) -> None:
@@ -196,7 +240,8 @@ def _write_metadata(writer: gguf.GGUFWriter, config, arch: str, pre: str, add_bo
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    writer.add_rope_freq_base(rope_theta(config))
+    write_variant_metadata(writer, config, arch)
     tokens = tiny_vocab()
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre(pre)

@@ -16,7 +16,7 @@ from speculant.config import GenerationDefaults
 from speculant.loader import CheckpointError, load_checkpoint
 from speculant.sampling.params import SamplingParams
 
-FAMILIES = ["llama", "qwen2"]
+FAMILIES = ["llama", "qwen2", "qwen3", "gemma3", "phi3"]
 PROMPT = [1, 40, 41, 42, 60, 61, 70]
 
 
