@@ -28,19 +28,19 @@ def tiny_hf_config(kind: str = "llama", vocab_size: int = 256, **overrides):
         eos_token_id=2,
         pad_token_id=0,
     )
-    common.update(overrides)
     if kind == "qwen2":
-        return Qwen2Config(tie_word_embeddings=False, rope_theta=10000.0, **common)
+        return Qwen2Config(**{**common, "tie_word_embeddings": False, "rope_theta": 10000.0, **overrides})
+    default_rope = {"rope_type": "default", "rope_theta": 10000.0}
     if kind == "qwen3":
-        return Qwen3Config(tie_word_embeddings=False, head_dim=24, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **common)
+        return Qwen3Config(**{**common, "tie_word_embeddings": False, "head_dim": 24, "rope_parameters": default_rope, **overrides})
     if kind == "phi3":
-        return Phi3Config(tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **common)
+        return Phi3Config(**{**common, "tie_word_embeddings": False, "rope_parameters": default_rope, **overrides})
     if kind == "gemma3":
         rope = {"full_attention": {"rope_type": "default", "rope_theta": 1e6}, "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
         gemma = dict(head_dim=16, num_hidden_layers=3, layer_types=["sliding_attention", "full_attention", "sliding_attention"], sliding_window=6,
                      query_pre_attn_scalar=24, final_logit_softcapping=5.0, rope_parameters=rope, tie_word_embeddings=True)  # fmt: skip
-        return Gemma3TextConfig(**{**common, **gemma})
-    return LlamaConfig(tie_word_embeddings=(kind == "tied"), **common)
+        return Gemma3TextConfig(**{**common, **gemma, **overrides})
+    return LlamaConfig(**{**common, "tie_word_embeddings": kind == "tied", **overrides})
 
 
 def tiny_hf_model(kind: str = "llama", seed: int = 0, **overrides):

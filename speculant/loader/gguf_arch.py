@@ -102,10 +102,18 @@ def _optional_int(value: Any) -> int | None:
 def _rope_scaling(gguf: GGUFFile, arch: str, rope_theta: float, head_dim: int) -> RopeScaling:
     if "rope_freqs.weight" in gguf.tensors:
         return _llama3_from_factors(gguf, rope_theta, head_dim)
-    kind = gguf.metadata.get(f"{arch}.rope.scaling.type", "none")
+    meta = lambda key, default=None: gguf.metadata.get(f"{arch}.rope.scaling.{key}", default)  # noqa: E731
+    kind = meta("type", "none")
     if kind == "none":
         return RopeScaling()
-    raise CheckpointError(gguf.path, f"unsupported rope scaling type {kind!r}")
+    if kind == "linear":
+        return RopeScaling(kind="linear", factor=float(meta("factor", 1.0)))
+    if kind == "yarn":  # llama.cpp's defaults where the converter wrote no beta
+        return RopeScaling(
+            kind="yarn", factor=float(meta("factor", 1.0)), original_max_position=int(meta("original_context_length", 0)),
+            beta_fast=float(meta("yarn_beta_fast", 32.0)), beta_slow=float(meta("yarn_beta_slow", 1.0)), mscale=0.0,
+        )  # fmt: skip
+    raise CheckpointError(gguf.path, f"unsupported rope scaling type {kind!r} (supported: none, linear, yarn, llama3 by rope_freqs)")
 
 
 def _llama3_from_factors(gguf: GGUFFile, rope_theta: float, head_dim: int) -> RopeScaling:

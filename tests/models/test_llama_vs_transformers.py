@@ -125,3 +125,21 @@ def test_llama3_rope_scaling_matches_transformers() -> None:
     tokens = torch.randint(3, 256, (150,), generator=torch.Generator().manual_seed(2)).tolist()
     ours = _two_forwards(executor, {"long": tokens}, {"long": [100]})["long"]
     torch.testing.assert_close(ours, _hf_logits(hf, tokens), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "kind, rope",
+    [
+        ("qwen3", {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64}),
+        ("gemma3", {"full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 8.0},
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
+    ],
+    ids=["qwen3-yarn", "gemma3-linear"],
+)  # fmt: skip
+def test_rope_scaling_of_the_variants_matches_transformers(kind: str, rope: dict) -> None:
+    hf = tiny_hf_model(kind, seed=6, rope_parameters=rope)
+    executor = _executor(hf)
+    assert executor.arch().rope_scaling.kind in ("yarn", "linear")
+    tokens = torch.randint(3, 256, (150,), generator=torch.Generator().manual_seed(2)).tolist()
+    ours = _two_forwards(executor, {"long": tokens}, {"long": [100]})["long"]
+    torch.testing.assert_close(ours, _hf_logits(hf, tokens), atol=ATOL, rtol=0)
