@@ -1,7 +1,8 @@
-"""Quantized weights laid out for the native products (`kernels/csrc/products.cpp`): output rows
-in groups of 8, so that one vector's 8 lanes are 8 outputs, and within a 32-value block the
-value pairs (2s, 2s + 1) of the 8 rows side by side. Rows are padded to a multiple of 8 (zero
-weights and scales); the kernel writes only the real outputs."""
+"""Quantized weights laid out for the native products (`kernels/csrc/int4.cpp`, `products.cpp`):
+output rows in groups of 8, so that one vector's 8 lanes are 8 outputs, and within a 32-value
+block the values of the 8 rows side by side (int4: 4 consecutive values a row; int8: pairs).
+Rows are padded to a multiple of 8 (zero weights and scales); the kernel writes only the real
+outputs."""
 
 from __future__ import annotations
 
@@ -24,11 +25,13 @@ def _per_block(v: torch.Tensor) -> torch.Tensor:
 
 
 def pack_int4(w: Int4Groups) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """-> packed [out/8, blocks * 128] uint8, d [out/8, blocks * 8], m [out/8, blocks * 8] (w = d q + m)."""
+    """-> packed [out/8, blocks * 128] uint8, d [out/8, blocks * 8], m [out/8, blocks * 8] (w = d q + m).
+    Per block, 4 vectors of 32 bytes: vector j's byte 4r + i is q[r][4j + i] | q[r][16 + 4j + i] << 4,
+    so a vector's low nibbles are 4 consecutive values of each of the group's 8 rows."""
     q = _pad_rows(w.q.to(torch.uint8))
     g, blocks = q.shape[0] // LANES, q.shape[1] // GROUP
-    q = q.view(g, LANES, blocks, 2, 8, 2)  # [group, row, block, half, step, e]: k = 16 half + 2 step + e
-    packed = q[:, :, :, 0] | (q[:, :, :, 1] << 4)  # [group, row, block, step, e]
+    q = q.view(g, LANES, blocks, 2, 4, 4)  # [group, row, block, half, quad j, i]: k = 16 half + 4 j + i
+    packed = q[:, :, :, 0] | (q[:, :, :, 1] << 4)  # [group, row, block, j, i]
     packed = packed.permute(0, 2, 3, 1, 4).reshape(g, blocks * 128).contiguous()
     return packed, _per_block(w.scale), _per_block(w.zero - 8 * w.scale)
 

@@ -40,11 +40,19 @@ def _dense(dtype):
     return make
 
 
-def _quantized_rows(x: torch.Tensor) -> torch.Tensor:
-    """x rounded as the kernels round activations: int16 per 32-value block, scale amax / 32767."""
+def _quantized_rows(x: torch.Tensor, layout: str) -> torch.Tensor:
+    """x rounded as the kernels round activations per 32-value block: int8 rows' products take
+    int16 (scale amax / 32767); int4 groups' take int8 (amax / 127), plus a second int8 level
+    (a 254th of the first's step) for what it rounded off where max|x| > 4 rms(x)."""
     blocks = x.view(x.shape[0], -1, 32)
-    scale = blocks.abs().amax(-1, keepdim=True) / 32767
-    return (torch.round(blocks / torch.where(scale > 0, scale, 1)) * scale).view_as(x)
+    amax = blocks.abs().amax(-1, keepdim=True)
+    step = amax / (127 if layout == "int4" else 32767)
+    rounded = torch.round(blocks / torch.where(step > 0, step, 1)) * step
+    if layout == "int4":
+        wide = amax.square() > 16 * blocks.square().mean(-1, keepdim=True)
+        rest, fine = blocks - rounded, step / 254
+        rounded = rounded + wide * torch.round(rest / torch.where(fine > 0, fine, 1)) * fine
+    return rounded.view_as(x)
 
 
 _LAYOUTS = {"int4": _int4, "int8": _int8, "f32": _dense(torch.float32), "bf16": _dense(torch.bfloat16)}
@@ -57,9 +65,10 @@ def test_products_equal_the_reference_and_are_row_invariant(layout, out, avx2):
     torch.manual_seed(0)
     product, weight = _LAYOUTS[layout](torch.randn(out, 96 + 32))
     x = torch.randn(40, 128)
+    x[::3, 37] = 40.0  # an outlier channel: int4's activation blocks there take the second level
     full = product(x, avx2)
     assert full.dtype == torch.float32 and full.shape == (40, out)
-    rows = _quantized_rows(x) if layout.startswith("int") else x
+    rows = _quantized_rows(x, layout) if layout.startswith("int") else x
     torch.testing.assert_close(full, rows.double().mm(weight.double().t()).float(), rtol=1e-4, atol=1e-3)
     for n in (1, 2, 5, 17):
         assert torch.equal(product(x[:n].contiguous(), avx2), full[:n])

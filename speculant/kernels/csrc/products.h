@@ -1,0 +1,43 @@
+// Shared by the quantized products (products.cpp: int8 rows; int4.cpp: int4 groups): the weight
+// layout's constants, the driver that splits a weight's 8-row groups over threads, and checks.
+#pragma once
+#include <ATen/Parallel.h>
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "simd.h"
+
+namespace speculant {
+
+constexpr int64_t QK = 32;  // activations per quantization block (= the int4 group size)
+constexpr int64_t G = 8;    // output rows per weight group (the vector's lanes)
+
+// Threads split the weight's groups; rows go 4 at a time, then the rest.
+template <typename Tile>
+void for_each_group(int64_t rows, int64_t n_out, Tile tile) {
+  at::parallel_for(0, (n_out + G - 1) / G, 2, [&](int64_t a, int64_t e) {
+    for (int64_t g = a; g < e; ++g) {
+      const int64_t valid = std::min(G, n_out - g * G);
+      int64_t t = 0;
+      for (; t + 4 <= rows; t += 4) tile(g, t, 4, valid);
+      if (t < rows) tile(g, t, rows - t, valid);
+    }
+  });
+}
+
+inline void check_rows(const at::Tensor& x, int64_t k) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be [T, K] float32, contiguous");
+  TORCH_CHECK(x.size(1) == k && k % QK == 0, "x has ", x.size(1), " columns, the weight ", k, " (a multiple of 32)");
+}
+
+SPECULANT_AVX2 inline void store_group(float* y, __m256 v, int64_t valid) {
+  if (valid == G) return _mm256_storeu_ps(y, v);
+  alignas(32) float tmp[G];
+  _mm256_store_ps(tmp, v);
+  std::memcpy(y, tmp, valid * sizeof(float));
+}
+
+}  // namespace speculant
