@@ -101,6 +101,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--speculative", nargs="+", default=["none", "ngram"], help="speculant methods (none: plain)")
     ap.add_argument("--num-draft-tokens", type=int, default=4)
     ap.add_argument("--fixed-k", action="store_true", help="speculant drafts k every step (default: adaptive k)")
+    ap.add_argument("--threads", type=int, default=None, help="threads of both systems (default: torch's count)")
     ap.add_argument("--out", default=None, help="JSON path (default results/llamacpp/decode.json or e2e_<dataset>.json)")
     args = ap.parse_args(argv)
     if args.out is None:
@@ -124,6 +125,8 @@ def main(argv: list[str] | None = None) -> None:
     from speculant.loader.registry import resolve_model_path
 
     path, k = str(resolve_model_path(args.model)), args.num_draft_tokens
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     llms = {system_name(w, m, k, args.fixed_k): speculant_llm(args.model, w, m, k, not args.fixed_k)
             for w in args.weights for m in args.speculative}
     threads = torch.get_num_threads()
