@@ -162,3 +162,19 @@ def test_a_tree_mask_may_cover_cached_slots_before_the_new_tokens():
     assert (mask[:, 3:] == tree_mask).all()
     with pytest.raises(ValueError, match="tree_mask must be"):
         build_forward_batch([SeqInput([0, 0], 1, [0], tree_mask=np.ones((2, 4), dtype=bool))], page_size=4)
+
+
+def test_a_sliding_window_follows_query_positions():
+    """A window of 3: a chain query at position p sees keys p-2..p; a tree node sees the prefix
+    keys within 3 positions of its own, however many siblings sit in slots before it."""
+    import dataclasses
+
+    from speculant.attention.torch_backend import build_mask
+
+    chain = build_forward_batch([SeqInput([0, 0], 5, [0, 1])], page_size=4)  # positions 5, 6
+    mask = build_mask(dataclasses.replace(chain, sliding_window=3), 2, 7)[0]
+    assert mask.tolist() == [[j in (3, 4, 5) for j in range(7)], [j in (4, 5, 6) for j in range(7)]]
+    parents = [-1, 0, 0]  # root at position 5, two children at 6 in slots 6 and 7
+    tree = build_forward_batch([SeqInput([0, 0, 0], 5, [0, 1], positions=[5, 6, 6], tree_mask=ancestor_mask(parents))], page_size=4)
+    mask = build_mask(dataclasses.replace(tree, sliding_window=3), 3, 8)[0]
+    assert mask[2].tolist() == [j in (4, 5, 7) for j in range(8)]  # prefix 4, root 5, itself 7
