@@ -33,15 +33,21 @@ import torch
 
 from speculant.bench import llamacpp_e2e as e2e
 from speculant.bench.common import git_commit, load_prompts, machine, print_table, write_json
-from speculant.config import EngineConfig, ModelConfig, NgramConfig, SpeculativeConfig
+from speculant.config import (
+    DraftModelConfig,
+    EngineConfig,
+    ModelConfig,
+    NgramConfig,
+    SpeculativeConfig,
+)
 from speculant.llm import LLM
 from speculant.sampling.params import SamplingParams
 
 Runner = Callable[[list[int], int], float]  # (prompt ids, new tokens) -> seconds
 
 
-def speculant_llm(model: str, weights: str, method: str, k: int, adaptive: bool = True) -> LLM:
-    spec = SpeculativeConfig(method=method, num_draft_tokens=k, adaptive_k=adaptive,
+def speculant_llm(model: str, weights: str, method: str, k: int, adaptive: bool = True, draft: str | None = None) -> LLM:
+    spec = SpeculativeConfig(method=method, num_draft_tokens=k, adaptive_k=adaptive, draft=DraftModelConfig(model=draft),
                              ngram=NgramConfig(store_tokens=0))  # no cross-request store: llama.cpp has none
     return LLM(config=EngineConfig(model=ModelConfig(model=model, weights=weights), speculative=spec))
 
@@ -101,6 +107,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--speculative", nargs="+", default=["none", "ngram"], help="speculant methods (none: plain)")
     ap.add_argument("--num-draft-tokens", type=int, default=4)
     ap.add_argument("--fixed-k", action="store_true", help="speculant drafts k every step (default: adaptive k)")
+    ap.add_argument("--draft-model", default=None, help="speculant's draft for --speculative draft (e.g. qwen2.5-coder-0.5b)")
     ap.add_argument("--threads", type=int, default=None, help="threads of both systems (default: torch's count)")
     ap.add_argument("--out", default=None, help="JSON path (default results/llamacpp/decode.json or e2e_<dataset>.json)")
     args = ap.parse_args(argv)
@@ -127,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     path, k = str(resolve_model_path(args.model)), args.num_draft_tokens
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    llms = {system_name(w, m, k, args.fixed_k): speculant_llm(args.model, w, m, k, not args.fixed_k)
+    llms = {system_name(w, m, k, args.fixed_k): speculant_llm(args.model, w, m, k, not args.fixed_k, args.draft_model)
             for w in args.weights for m in args.speculative}
     threads = torch.get_num_threads()
     peers = {e2e.REFERENCE: llamacpp_llm(path, None, threads)}
