@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from speculant.sampling.params import SamplingParams
+from speculant.sampling.params import SamplingParams, StructuredOutput
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "__version__"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutput", "__version__"]
 
 
 def __getattr__(name: str):

@@ -27,14 +27,16 @@ def verify_chain(parts: StageParts, batch: Batch, proposal: DraftProposal) -> tu
     requests, ks = batch.requests, proposal.num_drafts
     inputs = [SeqInput([0] * (k + 1), r.num_computed_tokens, parts.pages.table(r.request_id), logits="all") for r, k in zip(requests, ks)]
     out = parts.executor.run(ForwardPlan(TARGET, inputs, input_ids=verify_ids(parts.pool, requests, proposal)))
-    logits = out.logits  # [sum(k_b + 1), V]
+    logits = out.logits  # [sum(k_b + 1), V] raw: the reported logprobs are the model's
+    chains = [list(range(-1, k - 1)) for k in ks]  # node i under node i - 1
+    decided = parts.controls.adjust(requests, chains, proposal.token_ids, logits)  # what acceptance sees
     st = parts.rows.tensors(requests)
     if st.all_greedy:  # no probabilities, no noise
         counts = torch.tensor([k + 1 for k in ks], device=logits.device)
-        argmax = pad_ragged(logits.argmax(-1), counts, proposal.token_ids.shape[1] + 1)  # [B, k_max + 1]
+        argmax = pad_ragged(decided.argmax(-1), counts, proposal.token_ids.shape[1] + 1)  # [B, k_max + 1]
         result = accept_greedy(proposal.token_ids, torch.tensor(ks), argmax)
     else:
-        target_probs = _padded_target_probs(st, proposal, logits)
+        target_probs = _padded_target_probs(st, proposal, decided)
         result = accept_drafts(
             proposal.token_ids, torch.tensor(ks), proposal.draft_probs, target_probs,
             [r.noise for r in requests], [r.num_tokens for r in requests], parts.generator,

@@ -25,6 +25,7 @@ from speculant.core import (
 )
 from speculant.engine.chain_verify import verify_chain
 from speculant.engine.executor_factory import create_executor
+from speculant.engine.logit_rows import LogitControls
 from speculant.engine.memory import plan_engine, resolve_budget
 from speculant.engine.output import OutputProcessor
 from speculant.engine.sample_step import forward_and_sample
@@ -77,8 +78,9 @@ class Engine:
         self.executor.timeline = self.timeline
         self.worker = StepWorker(self.timeline) if config.scheduler.overlap else None
         self._prepared: Batch | None = None  # the next step's batch, scheduled during this one
-        self.parts = StageParts(self.executor, self.proposer, self.pages, self.pool, self.rows, self.generator, self.timeline)
         self.stop_token_ids = _stop_token_ids(self.tokenizer, self.arch)
+        self.controls = LogitControls(self.tokenizer, self.arch.vocab_size, self.stop_token_ids, self.device)
+        self.parts = StageParts(self.executor, self.proposer, self.pages, self.pool, self.rows, self.generator, self.timeline, self.controls)
         # A request without parameters samples with the checkpoint's defaults (generation_config.json).
         self.default_params = SamplingParams(**self.arch.generation.sampling_overrides())
         self._ids = itertools.count()
@@ -104,6 +106,7 @@ class Engine:
         request.user = user
         if params.seed is not None:
             request.noise = PositionNoise(params.seed)
+        self.controls.admit(request)
         self.scheduler.add(request)
         self.requests[request_id] = request
         return request
@@ -116,6 +119,7 @@ class Engine:
         bad = [t for t in request.params.stop_token_ids if t >= self.arch.vocab_size]
         if bad:
             raise ValueError(f"stop_token_ids must be in [0, {self.arch.vocab_size}), got {bad[:5]}")
+        self.controls.check(params)
         return request
 
     def _tokenize(self, prompt: str | list[int]) -> list[int]:
@@ -243,6 +247,7 @@ class Engine:
             lp = step_out.logprobs[b] if step_out.logprobs is not None else None
             tops = step_out.top_logprobs[b] if step_out.top_logprobs is not None else None
             new = self.outputs.append(r, step_out.token_ids[b], lp, tops)
+            self._advance_grammar(r, new)
             if result.speculative and step_out.proposed[b]:  # a step with nothing proposed is plain decoding
                 kept = min(result.accepted_counts[b], len(new))  # drafts past a stop or max_tokens are not counted
                 r.spec_stats.record(step_out.proposed[b], kept)
@@ -265,6 +270,11 @@ class Engine:
             outputs.append(out)
         return outputs
 
+    def _advance_grammar(self, request: Request, tokens: list[int]) -> None:
+        error = self.controls.advance(request, tokens)
+        if error is not None:  # masks make this unreachable; a request never runs on off its grammar
+            request.status, request.error = RequestStatus.FINISHED_ERROR, error
+
     def _reserved(self, request: Request) -> bool:
         """Pages for the prepared next step are held: they cover the most tokens this one emits."""
         return self._prepared is not None and any(s.request is request for s in self._prepared.seqs)
@@ -273,6 +283,7 @@ class Engine:
         self.scheduler.remove(request)
         self._preempted(request)
         self.rows.release(request.request_id)
+        self.controls.release(request.request_id)
 
     def _preempted(self, request: Request) -> None:
         """The request left the running set: its proposer state and pool row go."""

@@ -29,7 +29,8 @@ def forward_and_sample(parts: StageParts, batch: Batch) -> tuple[StepOutput, Ste
     out = parts.executor.run(ForwardPlan(TARGET, inputs, input_ids=parts.pool.gather(batch.requests, spans)))
     samples = [s.samples for s in seqs]
     sampling = [s.request for s in seqs if s.samples]
-    bonus = _sample_rows(out.logits, samples, sampling, parts.rows, parts.generator)  # [B]
+    decided = parts.controls.adjust(sampling, [[] for _ in sampling], None, out.logits)  # [#sampling, V]
+    bonus = _sample_rows(decided, samples, sampling, parts.rows, parts.generator)  # [B]
     offsets = row_offsets([s.num_new_tokens for s in seqs])
     starts = [s.request.num_computed_tokens for s in seqs]
     result = StepResult(batch.requests, offsets, starts, out.hidden, torch.zeros_like(bonus), bonus, None, speculative=False)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from speculant.engine.logit_rows import LogitControls
 from speculant.engine.sampling_rows import SamplingRows
 from speculant.engine.timeline import Timeline
 from speculant.engine.token_pool import TokenPool
@@ -25,3 +26,4 @@ class StageParts:
     rows: SamplingRows  # each request's sampling row, built before the step
     generator: torch.Generator  # the engine's noise for rows without a seed
     timeline: Timeline  # the step's spans (the read)
+    controls: LogitControls  # grammar masks, bans, biases and penalties of each forward row

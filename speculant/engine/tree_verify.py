@@ -46,7 +46,8 @@ def verify_tree(parts: StageParts, batch: Batch, proposal: DraftProposal) -> tup
     ]
     out = parts.executor.run(ForwardPlan(TARGET, inputs, input_ids=verify_ids(parts.pool, requests, proposal)))
     counts = [len(p) + 1 for p in parents]
-    result = _accept(parts.rows.tensors(requests), requests, proposal, out.logits, counts, parts.generator)
+    decided = parts.controls.adjust(requests, parents, proposal.token_ids, out.logits)  # raw logits give the logprobs
+    result = _accept(parts.rows.tensors(requests), requests, proposal, decided, counts, parts.generator)
     offsets = np.concatenate([[0], np.cumsum(counts)]).tolist()
     rows = _accepted_rows(result, offsets)
     _compact(parts.executor, parts.pages, requests, parents, result)

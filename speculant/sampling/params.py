@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from speculant.sampling.structured import StructuredOutput
+
 INT64_MAX = 2**63 - 1
 SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes any uint64
 GREEDY_BELOW = 1e-5  # temperatures below this sample greedily: logits / t would overflow float32
@@ -28,12 +30,20 @@ class SamplingParams:
     logprobs: bool = False  # return the log-probability of each emitted token
     top_logprobs: int = 0  # with logprobs: also the this many most likely tokens at each position
     num_draft_tokens: int | None = None  # per-request speculation length k (None: engine default)
+    structured_output: StructuredOutput | None = None  # the grammar the output must match
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit); a dict is accepted
+    min_tokens: int = 0  # stop tokens are banned before this many output tokens
+    presence_penalty: float = 0.0  # OpenAI: minus this for every token already in the output
+    frequency_penalty: float = 0.0  # OpenAI: minus this times the token's count in the output
+    repetition_penalty: float = 1.0  # CTRL / HF: logits of prompt or output tokens divided (> 0) or multiplied (< 0) by it
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
+        object.__setattr__(self, "logit_bias", tuple((t, b) for t, b in bias))
         _check(_int_in(self.max_tokens, 1, INT64_MAX), "max_tokens", f"must be an integer in [1, {INT64_MAX}]", self.max_tokens)
         _check(_real(self.temperature) and self.temperature >= 0, "temperature", "must be a finite number >= 0", self.temperature)
         _check(_int_in(self.top_k, 0, INT64_MAX), "top_k", f"must be an integer in [0, {INT64_MAX}]", self.top_k)
@@ -45,12 +55,29 @@ class SamplingParams:
         ids_ok = all(_int_in(t, 0, INT64_MAX) for t in self.stop_token_ids)
         _check(ids_ok, "stop_token_ids", "must be non-negative integers", self.stop_token_ids)
         _check(_int_in(self.top_logprobs, 0, INT64_MAX), "top_logprobs", "must be an integer >= 0", self.top_logprobs)
+        structured = self.structured_output
+        _check(structured is None or isinstance(structured, StructuredOutput), "structured_output", "must be a StructuredOutput", structured)
+        bias_ok = all(_int_in(t, 0, INT64_MAX) and _real(b) and -100 <= b <= 100 for t, b in self.logit_bias)
+        _check(bias_ok, "logit_bias", "must map token ids to numbers in [-100, 100]", self.logit_bias)
+        min_ok = _int_in(self.min_tokens, 0, INT64_MAX) and self.min_tokens <= self.max_tokens
+        _check(min_ok, "min_tokens", "must be an integer in [0, max_tokens]", self.min_tokens)
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check(_real(value) and -2 <= value <= 2, name, "must be a number in [-2, 2]", value)
+        rep = self.repetition_penalty
+        _check(_real(rep) and 0 < rep <= 100, "repetition_penalty", "must be a number in (0, 100]", rep)
         k = self.num_draft_tokens
         _check(k is None or _int_in(k, 0, INT64_MAX), "num_draft_tokens", "must be an integer >= 0", k)
 
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether the target's logits are changed before sampling (grammar, bias, bans, penalties)."""
+        penalised = self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+        return bool(self.structured_output or self.logit_bias or self.min_tokens or penalised)
 
 
 def _int_in(value: object, low: int, high: int) -> bool:
@@ -66,4 +93,4 @@ def _check(ok: bool, name: str, rule: str, value: object) -> None:
         raise ValueError(f"{name} {rule}, got {value!r}")
 
 
-__all__ = ["GREEDY_BELOW", "INT64_MAX", "SamplingParams"]
+__all__ = ["GREEDY_BELOW", "INT64_MAX", "SamplingParams", "StructuredOutput"]

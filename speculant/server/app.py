@@ -32,6 +32,7 @@ from speculant.server.protocol import ChatCompletionRequest, CompletionRequest, 
 from speculant.server.request_stream import Chat, RequestStream
 from speculant.server.responses import ChatFormatter, CompletionFormatter
 from speculant.server.streaming import Formatter, SSEResponse, collect, sse_events
+from speculant.server.structured_fields import requested_structure
 from speculant.server.utility_routes import add_utility_routes
 
 _SAMPLING_FIELDS = {
@@ -204,6 +205,8 @@ class _Handlers:
         try:
             user = _scope(self.key_scope, body.user)
             stream = await self.async_engine.submit(formatter.request_id, prompt_ids, params, user)
+        except ValueError as exc:
+            raise _admission_error(exc, body, prompt_field) from None
         except Exception as exc:
             raise from_engine_error(exc, _SAMPLING_FIELDS, prompt_field) from None
         if body.stream:
@@ -224,6 +227,15 @@ class _Handlers:
     def _abort_unfinished(self, stream: RequestStream) -> None:
         if not stream.finished:
             self.async_engine.abort(stream.request_id)
+
+
+def _admission_error(exc: ValueError, body: CompletionRequest | ChatCompletionRequest, prompt_field: str) -> APIError:
+    """A grammar the engine cannot compile is a 400 naming the request field that carried it."""
+    message = str(exc)
+    if message.startswith("structured_output"):
+        field = requested_structure(body)[1]
+        return bad_request(field + message.removeprefix("structured_output"), field)
+    return from_engine_error(exc, _SAMPLING_FIELDS, prompt_field)
 
 
 def _scope(key_scope: str | None, user: str | None) -> str | None:
@@ -253,6 +265,7 @@ def _sampling_params(
     }
     kwargs = {k: v for k, v in chosen.items() if v is not None}
     try:
+        kwargs["structured_output"] = requested_structure(body)[0]
         return SamplingParams(
             **kwargs,
             logprobs=logprobs,
@@ -260,4 +273,4 @@ def _sampling_params(
             ignore_eos=bool(body.ignore_eos),
         )
     except ValueError as exc:
-        raise bad_request(str(exc), str(exc).split(" ", 1)[0]) from None
+        raise bad_request(str(exc), str(exc).split(" ", 1)[0].rstrip(":")) from None

@@ -4,10 +4,11 @@ Models are strict (no "5" -> 5 coercion) so a wrong type is a 400 naming the fie
 API does. Every field a request may carry is declared here and an undeclared one is a 400 naming
 it: ignoring a field (a response format, a penalty, tools) would silently change the meaning of
 the request. Declared OpenAI fields this engine cannot honour in some values (n > 1, echo,
-penalties, logit_bias, tools, a non-text response format) are refused in `unsupported()`.
+penalties, logit_bias, tools) are refused in `unsupported()`.
 `null` means the same as leaving a field out.
 
-Extensions beyond the OpenAI schema: `top_k`, `min_p`, `ignore_eos`, `stop_token_ids`, `num_draft_tokens` in requests
+Extensions beyond the OpenAI schema: `top_k`, `min_p`, `ignore_eos`, `stop_token_ids`, `num_draft_tokens` and the
+constraints vLLM names (`guided_*`, `structured_outputs`: `structured_fields.py`) in requests
 and a `speculation` object in responses (see `responses.py`).
 """
 
@@ -16,6 +17,8 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from speculant.server.structured_fields import GuidedFields, ResponseFormat
 
 _SEED_MAX = 2**63 - 1
 _INT64_MAX = 2**63 - 1
@@ -28,7 +31,7 @@ class StreamOptions(BaseModel):
     include_usage: bool | None = None
 
 
-class _SamplingFields(BaseModel):
+class _SamplingFields(GuidedFields):
     """Fields both endpoints share; ranges follow the OpenAI API reference."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
@@ -132,12 +135,6 @@ class ChatMessage(BaseModel):
         return message
 
 
-class ResponseFormat(BaseModel):
-    model_config = ConfigDict(strict=True, extra="allow")  # json_schema etc.: refused by type
-
-    type: str
-
-
 class ChatCompletionRequest(_SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_tokens: Annotated[int, Field(ge=1, le=_INT64_MAX)] | None = None
@@ -153,8 +150,6 @@ class ChatCompletionRequest(_SamplingFields):
             return "tools", "tools are not supported"
         if self.tool_choice not in (None, "none"):
             return "tool_choice", "tool_choice is not supported (only 'none')"
-        if self.response_format is not None and self.response_format.type != "text":
-            return "response_format", "response_format other than {'type': 'text'} is not supported"
         if self.top_logprobs and not self.logprobs:
             return "top_logprobs", "top_logprobs requires logprobs to be true"
         return super().unsupported()

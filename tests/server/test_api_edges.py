@@ -141,8 +141,6 @@ def test_chat_logprob_bytes_of_a_split_character(scripted):
 @pytest.mark.parametrize(
     "path, extra, param",
     [
-        (X, {"response_format": {"type": "json_object"}}, "response_format"),
-        (X, {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format"),
         (X, {"functions": [{"name": "f", "parameters": {}}]}, "functions"),
         (X, {"function_call": "auto"}, "function_call"),
         (X, {"repetition_penalty": 1.2}, "repetition_penalty"),
@@ -150,7 +148,7 @@ def test_chat_logprob_bytes_of_a_split_character(scripted):
         (C, {"repetition_penalty": 1.2}, "repetition_penalty"),
         (C, {"response_format": {"type": "json_object"}}, "response_format"),
     ],
-    ids=["json_object", "json_schema", "functions", "function_call", "repetition_penalty", "modalities",
+    ids=["functions", "function_call", "repetition_penalty", "modalities",
          "completions-repetition_penalty", "completions-response_format"],
 )
 def test_a_field_that_is_not_honoured_is_a_400_naming_it(http, path, extra, param):
