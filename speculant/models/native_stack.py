@@ -21,13 +21,19 @@ def build(model):
         return None
     layers = []
     for w in model.layers:
-        operands = [getattr(w, name).native_operands() for name in PRODUCTS]
+        operands = [_operands(getattr(w, name)) for name in PRODUCTS]
         norms = (w.input_norm, w.post_norm)
         if any(op is None for op in operands) or any(n.dtype != torch.float32 for n in norms):
             return None
         products = [kernels.product(kind, ops, bias, out) for kind, ops, bias, out in operands]
         layers.append(kernels.layer(w.input_norm.contiguous(), w.post_norm.contiguous(), *products))
     return kernels.stack(layers, arch.num_heads, arch.num_kv_heads, arch.head_dim, arch.rms_norm_eps, model.scale)
+
+
+def _operands(product) -> tuple | None:
+    """A `layers.linear` product's native operands; None for any other (a tensor-parallel shard)."""
+    native_operands = getattr(product, "native_operands", None)
+    return None if native_operands is None else native_operands()
 
 
 def runs(ctx: ForwardContext, x: torch.Tensor) -> bool:
