@@ -39,6 +39,9 @@ class LogitControls:
 
     def check(self, params: SamplingParams) -> None:
         """Raise ValueError naming the field when the request's rules cannot be applied."""
+        bad = [t for t, _ in params.logit_bias if t >= self.vocab_size]
+        if bad:
+            raise ValueError(f"logit_bias token ids must be in [0, {self.vocab_size}), got {bad[:5]}")
         if params.structured_output is None:
             return
         if params.ignore_eos:

@@ -48,6 +48,11 @@ _SAMPLING_FIELDS = {
     "stop",
     "stop_token_ids",
     "num_draft_tokens",
+    "logit_bias",
+    "min_tokens",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
 }
 
 
@@ -238,6 +243,13 @@ def _admission_error(exc: ValueError, body: CompletionRequest | ChatCompletionRe
     return from_engine_error(exc, _SAMPLING_FIELDS, prompt_field)
 
 
+def _logit_bias(bias: dict[str, float]) -> dict[int, float]:
+    """OpenAI's logit_bias keys are token ids written as text."""
+    if not all(key.isdecimal() for key in bias):
+        raise ValueError(f"logit_bias keys must be token ids, got {[k for k in bias if not k.isdecimal()][:3]}")
+    return {int(key): value for key, value in bias.items()}
+
+
 def _scope(key_scope: str | None, user: str | None) -> str | None:
     """The n-gram store scope: the API key's, narrowed by `user`, so naming a user never enters
     another key's scope."""
@@ -261,11 +273,16 @@ def _sampling_params(
         "stop": (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ()),
         "num_draft_tokens": body.num_draft_tokens,
         "stop_token_ids": tuple(body.stop_token_ids) if body.stop_token_ids else None,
+        "presence_penalty": body.presence_penalty,
+        "frequency_penalty": body.frequency_penalty,
+        "repetition_penalty": body.repetition_penalty,
+        "min_tokens": body.min_tokens,
         "max_tokens": max_tokens,
     }
     kwargs = {k: v for k, v in chosen.items() if v is not None}
     try:
         kwargs["structured_output"] = requested_structure(body)[0]
+        kwargs["logit_bias"] = _logit_bias(body.logit_bias or {})
         return SamplingParams(
             **kwargs,
             logprobs=logprobs,

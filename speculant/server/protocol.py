@@ -4,10 +4,11 @@ Models are strict (no "5" -> 5 coercion) so a wrong type is a 400 naming the fie
 API does. Every field a request may carry is declared here and an undeclared one is a 400 naming
 it: ignoring a field (a response format, a penalty, tools) would silently change the meaning of
 the request. Declared OpenAI fields this engine cannot honour in some values (n > 1, echo,
-penalties, logit_bias, tools) are refused in `unsupported()`.
+tools) are refused in `unsupported()`.
 `null` means the same as leaving a field out.
 
-Extensions beyond the OpenAI schema: `top_k`, `min_p`, `ignore_eos`, `stop_token_ids`, `num_draft_tokens` and the
+Extensions beyond the OpenAI schema: `top_k`, `min_p`, `ignore_eos`, `stop_token_ids`, `num_draft_tokens`,
+`repetition_penalty`, `min_tokens` and the
 constraints vLLM names (`guided_*`, `structured_outputs`: `structured_fields.py`) in requests
 and a `speculation` object in responses (see `responses.py`).
 """
@@ -49,9 +50,11 @@ class _SamplingFields(GuidedFields):
     ignore_eos: bool | None = None
     stop_token_ids: list[Annotated[int, Field(ge=0, le=_INT64_MAX)]] | None = None
     num_draft_tokens: Annotated[int, Field(ge=0, le=_INT64_MAX)] | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=100.0)] | None = None  # vLLM's extension
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None  # token id (as text) -> bias
+    min_tokens: Annotated[int, Field(ge=0, le=_INT64_MAX)] | None = None  # vLLM's extension
     user: str | None = None
 
     @property
@@ -62,11 +65,6 @@ class _SamplingFields(GuidedFields):
         """(field, reason) for the first parameter this server cannot honour, else None."""
         if self.n not in (None, 1):
             return "n", "n > 1 is not supported; send one request per completion"
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
-                return name, f"{name} is not supported"
-        if self.logit_bias:
-            return "logit_bias", "logit_bias is not supported"
         return None
 
 
