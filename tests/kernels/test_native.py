@@ -155,6 +155,30 @@ def test_a_tree_row_attends_as_the_chain_row_over_the_same_keys_and_both_paths_a
     assert all(torch.equal(out, outs[0]) for out in outs[1:])
 
 
+@pytest.mark.skipif(not cpu.has_avx2(), reason="needs AVX2, FMA and F16C")
+@pytest.mark.parametrize("tree", [False, True])
+def test_a_long_verification_attends_as_each_row_alone_on_both_paths(tree):
+    """20 rows of one sequence (the AVX2 path's runs of 16 rows, its value sums 12 (row, head)
+    pairs at a time) and a one-row sequence beside them: every row equals itself alone, and the
+    AVX2 path gives the scalar path's bits."""
+    torch.manual_seed(4)
+    kc, vc = torch.randn(96, 2, 24), torch.randn(96, 2, 24)
+    slots = torch.stack([torch.randperm(96)[:60], torch.randperm(96)[:60]])
+    tok_seq = torch.tensor([0] * 20 + [1])
+    tok_keys = torch.cat([torch.arange(41, 61), torch.tensor([33])])
+    mask = None
+    if tree:
+        mask = torch.rand(21, 60) > 0.3
+        mask[torch.arange(21), tok_keys - 1] = True
+    q = torch.randn(21, 6, 24)
+    run = lambda rows, avx2: native.module().paged_attention(  # noqa: E731
+        q[rows].contiguous(), kc, vc, slots, tok_seq[rows].contiguous(), tok_keys[rows].contiguous(),
+        None if mask is None else mask[rows].contiguous(), None, None, None, 0.2, avx2)
+    everything = run(slice(None), True)
+    assert torch.equal(everything, run(slice(None), False))
+    assert all(torch.equal(run(slice(t, t + 1), True), everything[t : t + 1]) for t in range(21))
+
+
 def test_attention_writes_the_new_keys_and_values_and_reads_strided_queries():
     torch.manual_seed(5)
     kc, vc = torch.randn(32, 2, 16), torch.randn(32, 2, 16)

@@ -14,160 +14,19 @@
 #include <limits>
 #include <vector>
 
-#include "simd.h"
+#include "attention_parts.h"
 
 namespace speculant {
 
 namespace {
 
-// exp(x) for x <= 0, 8 lanes (Cephes' expf: n = round(x log2 e), a degree-5 polynomial in the
-// remainder, times 2^n); 0 below -87, where float32 leaves its normal range. `exp_scalar` is the
-// same arithmetic on one lane, so both paths give the same bits.
-constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f, kExpFloor = -87.f;
-constexpr float kExpPoly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
-
-float exp_scalar(float x) {
-  if (x < kExpFloor) return 0.f;
-  const float n = std::nearbyint(x * kLog2e);
-  float r = std::fma(-n, kLn2Hi, x);
-  r = std::fma(-n, kLn2Lo, r);
-  float p = kExpPoly[0];
-  for (int i = 1; i < 6; ++i) p = std::fma(p, r, kExpPoly[i]);
-  const float e = std::fma(p, r * r, r) + 1.f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, 4);
-  return e * scale;
-}
-
-SPECULANT_AVX2 __m256 exp_avx2(__m256 x) {
-  const __m256 floor = _mm256_set1_ps(kExpFloor);
-  const __m256 under = _mm256_cmp_ps(x, floor, _CMP_LT_OQ);
-  x = _mm256_max_ps(x, floor);
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
-  __m256 p = _mm256_set1_ps(kExpPoly[0]);
-  for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpPoly[i]));
-  const __m256 e = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.f));
-  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_andnot_ps(under, _mm256_mul_ps(e, _mm256_castsi256_ps(bits)));
-}
-
-// A query's scores against its keys key_row(0..m) (cache rows of its KV head): per key, 8 lanes of
-// FMA chains over the head dimension summed ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)), then any
-// dimensions past a multiple of 8 in order, times the scale. The AVX2 path does 8 keys at once
-// with the same per-key arithmetic, so a key's score never depends on its neighbours.
+// The portable path, each (query token, head) alone: its visible keys listed in slot-list order
+// (a tree's mask drops the others before any arithmetic, so a key's rank is the same in a tree as
+// on the accepted chain), scored, softmaxed and summed over values (attention_parts.h).
 template <typename C>
-void scores_scalar(const float* q, const C* const* keys, int64_t m, int64_t d, float scale, float* out) {
-  const int64_t d8 = d / 8 * 8;
-  for (int64_t j = 0; j < m; ++j) {
-    float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int64_t i = 0; i < d8; i += 8)
-      for (int k = 0; k < 8; ++k) l[k] = std::fma(q[i + k], widen(keys[j][i + k]), l[k]);
-    float acc = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
-    for (int64_t i = d8; i < d; ++i) acc = std::fma(q[i], widen(keys[j][i]), acc);
-    out[j] = acc * scale;
-  }
-}
-
-template <typename C>
-SPECULANT_AVX2 void scores_avx2(const float* q, const C* const* keys, int64_t m, int64_t d, float scale, float* out) {
-  const int64_t d8 = d / 8 * 8;
-  for (int64_t j0 = 0; j0 < m; j0 += 8) {
-    const C* k[8];
-    for (int b = 0; b < 8; ++b) k[b] = keys[std::min(j0 + b, m - 1)];  // past m: a repeat, dropped
-    __m256 a[8];
-    for (int b = 0; b < 8; ++b) a[b] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < d8; i += 8) {
-      const __m256 qv = _mm256_loadu_ps(q + i);
-      for (int b = 0; b < 8; ++b) a[b] = _mm256_fmadd_ps(qv, load8(k[b] + i), a[b]);
-    }
-    const __m256 s0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-    const __m256 s1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
-    __m256 s = _mm256_add_ps(_mm256_permute2f128_ps(s0, s1, 0x20), _mm256_permute2f128_ps(s0, s1, 0x31));
-    alignas(32) float lane[8];
-    _mm256_store_ps(lane, s);
-    for (int b = 0; b < 8 && j0 + b < m; ++b) {
-      float acc = lane[b];
-      for (int64_t i = d8; i < d; ++i) acc = std::fma(q[i], widen(k[b][i]), acc);
-      out[j0 + b] = acc * scale;
-    }
-  }
-}
-
-// p[j] = exp(score[j] - max) in place; returns their sum: lane j % 8 sums in key order, then the
-// lanes as hsum_avx2 adds them.
-float softmax_numerators_scalar(float* p, int64_t m) {
-  float top = -std::numeric_limits<float>::infinity();
-  for (int64_t j = 0; j < m; ++j) top = std::fmax(top, p[j]);
-  float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (int64_t j = 0; j < m; ++j) {
-    p[j] = exp_scalar(p[j] - top);
-    l[j % 8] += p[j];
-  }
-  return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
-}
-
-SPECULANT_AVX2 float softmax_numerators_avx2(float* p, int64_t m) {  // p has room for m rounded up to 8
-  const int64_t padded = (m + 7) / 8 * 8;
-  for (int64_t j = m; j < padded; ++j) p[j] = -std::numeric_limits<float>::infinity();
-  __m256 top = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
-  for (int64_t j = 0; j < padded; j += 8) top = _mm256_max_ps(top, _mm256_loadu_ps(p + j));
-  __m128 t = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
-  t = _mm_max_ps(t, _mm_movehl_ps(t, t));
-  t = _mm_max_ss(t, _mm_movehdup_ps(t));
-  const __m256 mx = _mm256_set1_ps(_mm_cvtss_f32(t));
-  __m256 total = _mm256_setzero_ps();
-  for (int64_t j = 0; j < padded; j += 8) {
-    const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(p + j), mx));  // -inf padding gives 0
-    _mm256_storeu_ps(p + j, e);
-    total = _mm256_add_ps(total, e);
-  }
-  return hsum_avx2(total);
-}
-
-// out[i] = sum over keys j, in order, of fma(p[j], v_j[i], .) from 0. Columns go 64 at a time with
-// the running sums in registers (each column still takes one FMA per key, in key order).
-template <typename C>
-SPECULANT_AVX2 void weighted_sum_avx2(const float* p, const C* const* values, int64_t m, float* out, int64_t dv) {
-  int64_t c = 0;
-  for (; c + 64 <= dv; c += 64) {
-    __m256 acc[8];
-    for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
-    for (int64_t j = 0; j < m; ++j) {
-      const __m256 pv = _mm256_set1_ps(p[j]);
-      const C* v = values[j] + c;
-      for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(pv, load8(v + 8 * i), acc[i]);
-    }
-    for (int i = 0; i < 8; ++i) _mm256_storeu_ps(out + c + 8 * i, acc[i]);
-  }
-  for (; c + 8 <= dv; c += 8) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t j = 0; j < m; ++j) acc = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), load8(values[j] + c), acc);
-    _mm256_storeu_ps(out + c, acc);
-  }
-  for (; c < dv; ++c) {
-    float acc = 0.f;
-    for (int64_t j = 0; j < m; ++j) acc = std::fma(p[j], widen(values[j][c]), acc);
-    out[c] = acc;
-  }
-}
-
-template <typename C>
-void weighted_sum_scalar(const float* p, const C* const* values, int64_t m, float* out, int64_t dv) {
-  for (int64_t i = 0; i < dv; ++i) out[i] = 0.f;
-  for (int64_t j = 0; j < m; ++j)
-    for (int64_t i = 0; i < dv; ++i) out[i] = std::fma(p[j], widen(values[j][i]), out[i]);
-}
-
-// Each (query token, head): its visible keys listed in slot-list order (a tree's mask drops the
-// others before any arithmetic, so a key's rank is the same in a tree as on the accepted chain),
-// scored, softmaxed and summed over values as above.
-template <typename C>
-void attend(const float* q, int64_t q_stride, const C* kc, const C* vc, const int64_t* slots, const int64_t* tok_seq,
-            const int64_t* tok_keys, const bool* mask, float* out, int64_t tokens, int64_t heads,
-            int64_t kv_heads, int64_t d, int64_t dv, int64_t max_keys, float scale, bool avx2) {
+void attend_scalar(const float* q, int64_t q_stride, const C* kc, const C* vc, const int64_t* slots, const int64_t* tok_seq,
+                   const int64_t* tok_keys, const bool* mask, float* out, int64_t tokens, int64_t heads,
+                   int64_t kv_heads, int64_t d, int64_t dv, int64_t max_keys, float scale) {
   const int64_t group = heads / kv_heads;
   at::parallel_for(0, tokens * heads, 1, [&](int64_t a, int64_t e) {
     std::vector<float> p(max_keys + 8);
@@ -182,22 +41,118 @@ void attend(const float* q, int64_t q_stride, const C* kc, const C* vc, const in
         keys[m] = kc + (row[j] * kv_heads + kh) * d;
         values[m++] = vc + (row[j] * kv_heads + kh) * dv;
       }
-      const float* qv = q + t * q_stride + h * d;
       float* o = out + th * dv;
-      float total;
-      if (avx2) {
-        scores_avx2(qv, keys.data(), m, d, scale, p.data());
-        total = softmax_numerators_avx2(p.data(), m);
-        weighted_sum_avx2(p.data(), values.data(), m, o, dv);
-      } else {
-        scores_scalar(qv, keys.data(), m, d, scale, p.data());
-        total = softmax_numerators_scalar(p.data(), m);
-        weighted_sum_scalar(p.data(), values.data(), m, o, dv);
-      }
-      const float inv = 1.f / total;
+      scores_scalar(q + t * q_stride + h * d, keys.data(), m, d, scale, p.data());
+      const float inv = 1.f / softmax_numerators_scalar(p.data(), m);
+      weighted_sum_scalar(p.data(), values.data(), m, o, dv);
       for (int64_t i = 0; i < dv; ++i) o[i] *= inv;
     }
   });
+}
+
+// The AVX2 path: a run of up to kRunRows query tokens of one sequence and one KV head's group of
+// query heads together, so that each key and value row is read from memory once for all of those
+// (query, head) pairs, not once per pair. Per pair the arithmetic is the portable path's: each key
+// scored alone (keys the pair does not see are scored too, then dropped), the softmax over its
+// visible keys in rank order, and each value column summed key by key in slot order, where a key
+// the pair does not see adds fma(0, v, acc) = acc.
+constexpr int64_t kRunRows = 16;   // query tokens of a sequence per task
+constexpr int64_t kKeyChunk = 32;  // keys scored by all of a task's pairs while they sit in L1
+constexpr int kPairs = 12;         // pairs whose value sums run at once (one register each)
+
+template <typename C, int NP>
+SPECULANT_AVX2 void value_sums_avx2(const float* const* p, const C* const* values, int64_t n, float* const* out, int64_t dv) {
+  int64_t c = 0;
+  for (; c + 8 <= dv; c += 8) {
+    __m256 acc[NP];
+    for (int i = 0; i < NP; ++i) acc[i] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; ++j) {
+      const __m256 v = load8(values[j] + c);
+      for (int i = 0; i < NP; ++i) acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(p[i][j]), v, acc[i]);
+    }
+    for (int i = 0; i < NP; ++i) _mm256_storeu_ps(out[i] + c, acc[i]);
+  }
+  for (; c < dv; ++c)
+    for (int i = 0; i < NP; ++i) {
+      float acc = 0.f;
+      for (int64_t j = 0; j < n; ++j) acc = std::fma(p[i][j], widen(values[j][c]), acc);
+      out[i][c] = acc;
+    }
+}
+
+template <typename C, int NP = kPairs>
+void value_sums(int np, const float* const* p, const C* const* values, int64_t n, float* const* out, int64_t dv) {
+  if constexpr (NP > 1) {
+    if (np < NP) return value_sums<C, NP - 1>(np, p, values, n, out, dv);
+  }
+  value_sums_avx2<C, NP>(p, values, n, out, dv);
+}
+
+template <typename C>
+void attend_avx2(const float* q, int64_t q_stride, const C* kc, const C* vc, const int64_t* slots, const int64_t* tok_seq,
+                 const int64_t* tok_keys, const bool* mask, float* out, int64_t tokens, int64_t heads, int64_t kv_heads,
+                 int64_t d, int64_t dv, int64_t max_keys, float scale) {
+  const int64_t group = heads / kv_heads;
+  std::vector<int64_t> starts;  // runs of consecutive tokens of one sequence, at most kRunRows each
+  for (int64_t t = 0; t < tokens; ++t)
+    if (t == 0 || tok_seq[t] != tok_seq[t - 1] || t - starts.back() == kRunRows) starts.push_back(t);
+  starts.push_back(tokens);
+  const int64_t runs = static_cast<int64_t>(starts.size()) - 1;
+  at::parallel_for(0, runs * kv_heads, 1, [&](int64_t a, int64_t e) {
+    std::vector<float> score, prob, total;
+    std::vector<const C*> keys, values;
+    for (int64_t task = a; task < e; ++task) {
+      const int64_t t0 = starts[task / kv_heads], t1 = starts[task / kv_heads + 1], kh = task % kv_heads;
+      const int64_t* row = slots + tok_seq[t0] * max_keys;
+      const int64_t n = *std::max_element(tok_keys + t0, tok_keys + t1), pairs = (t1 - t0) * group, stride = n + 8;
+      keys.resize(n), values.resize(n), total.resize(pairs);
+      for (int64_t j = 0; j < n; ++j) {
+        keys[j] = kc + (row[j] * kv_heads + kh) * d;
+        values[j] = vc + (row[j] * kv_heads + kh) * dv;
+      }
+      score.assign(pairs * stride, 0.f), prob.assign(pairs * stride, 0.f);
+      const auto query = [&](int64_t pair) { return t0 + pair / group; };  // pair = (token, head in the group)
+      const auto head = [&](int64_t pair) { return kh * group + pair % group; };
+      for (int64_t j0 = 0; j0 < n; j0 += kKeyChunk)
+        for (int64_t pair = 0; pair < pairs; ++pair) {
+          const int64_t t = query(pair), count = std::min(kKeyChunk, tok_keys[t] - j0);
+          if (count > 0) scores_avx2(q + t * q_stride + head(pair) * d, keys.data() + j0, count, d, scale, score.data() + pair * stride + j0);
+        }
+      for (int64_t pair = 0; pair < pairs; ++pair) {  // softmax over the visible keys, put back at their slots
+        const int64_t t = query(pair);
+        const bool* visible = mask ? mask + t * max_keys : nullptr;
+        float *s = score.data() + pair * stride, *p = prob.data() + pair * stride;
+        int64_t m = 0;
+        for (int64_t j = 0; j < tok_keys[t]; ++j)
+          if (!visible || visible[j]) s[m++] = s[j];
+        total[pair] = softmax_numerators_avx2(s, m);
+        for (int64_t j = 0, r = 0; j < tok_keys[t]; ++j)
+          if (!visible || visible[j]) p[j] = s[r++];
+      }
+      for (int64_t p0 = 0; p0 < pairs; p0 += kPairs) {
+        const int np = static_cast<int>(std::min<int64_t>(kPairs, pairs - p0));
+        const float* p[kPairs];
+        float* o[kPairs];
+        for (int i = 0; i < np; ++i) {
+          p[i] = prob.data() + (p0 + i) * stride;
+          o[i] = out + (query(p0 + i) * heads + head(p0 + i)) * dv;
+        }
+        value_sums<C>(np, p, values.data(), n, o, dv);
+        for (int i = 0; i < np; ++i) {
+          const float inv = 1.f / total[p0 + i];
+          for (int64_t c = 0; c < dv; ++c) o[i][c] *= inv;
+        }
+      }
+    }
+  });
+}
+
+template <typename C>
+void attend(const float* q, int64_t q_stride, const C* kc, const C* vc, const int64_t* slots, const int64_t* tok_seq,
+            const int64_t* tok_keys, const bool* mask, float* out, int64_t tokens, int64_t heads,
+            int64_t kv_heads, int64_t d, int64_t dv, int64_t max_keys, float scale, bool avx2) {
+  (avx2 ? attend_avx2<C> : attend_scalar<C>)(q, q_stride, kc, vc, slots, tok_seq, tok_keys, mask, out, tokens, heads, kv_heads, d,
+                                           dv, max_keys, scale);
 }
 
 // Writes each new token's key and value rows into its cache slot: src [T, Hk, D] with rows at any
