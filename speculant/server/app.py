@@ -24,36 +24,17 @@ from starlette.middleware.cors import CORSMiddleware
 from speculant.sampling.params import SamplingParams
 from speculant.server.async_engine import AsyncEngine
 from speculant.server.auth import ApiKeyAuth
+from speculant.server.choices import choice_events, combined_response, submit_choices
 from speculant.server.errors import APIError, bad_request, from_engine_error, install_error_handlers
 from speculant.server.limits import BodyLimit
 from speculant.server.options import ServerOptions
 from speculant.server.prompts import PromptEncoder
 from speculant.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from speculant.server.request_params import SAMPLING_FIELDS, admission_error, sampling_params
 from speculant.server.request_stream import Chat, RequestStream
 from speculant.server.responses import ChatFormatter, CompletionFormatter
-from speculant.server.streaming import Formatter, SSEResponse, collect, sse_events
-from speculant.server.structured_fields import requested_structure
+from speculant.server.streaming import Formatter, SSEResponse, collect, collect_all, sse_events
 from speculant.server.utility_routes import add_utility_routes
-
-_SAMPLING_FIELDS = {
-    "max_tokens",
-    "max_completion_tokens",
-    "top_logprobs",
-    "logprobs",
-    "temperature",
-    "top_k",
-    "top_p",
-    "min_p",
-    "seed",
-    "stop",
-    "stop_token_ids",
-    "num_draft_tokens",
-    "logit_bias",
-    "min_tokens",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-}
 
 
 def create_app(
@@ -146,7 +127,7 @@ class _Handlers:
             raise bad_request(str(exc), "prompt") from None
         ids = await self.encoder.encode(prompt, "prompt")
         max_tokens = self._max_tokens(len(ids), body.output_limit, "max_tokens", "prompt")
-        params = _sampling_params(
+        params = sampling_params(
             body, max_tokens, logprobs=body.logprobs is not None, top_logprobs=body.logprobs or 0
         )
         formatter = CompletionFormatter(
@@ -162,7 +143,7 @@ class _Handlers:
         max_tokens = self._max_tokens(len(ids), body.output_limit, field, "messages")
         logprobs = bool(body.logprobs)
         top = body.top_logprobs or 0
-        params = _sampling_params(body, max_tokens, logprobs=logprobs, top_logprobs=top)
+        params = sampling_params(body, max_tokens, logprobs=logprobs, top_logprobs=top)
         formatter = ChatFormatter(f"chatcmpl-{uuid.uuid4().hex}", self.model_name, logprobs)
         return await self._serve(request, body, ids, params, formatter, prompt_field="messages")
 
@@ -207,20 +188,22 @@ class _Handlers:
         formatter: Formatter,
         prompt_field: str,
     ) -> Response:
+        if (body.n or 1) > 1:
+            return await self._serve_choices(request, body, prompt_ids, params, formatter, prompt_field)
         try:
             user = _scope(self.key_scope, body.user)
             stream = await self.async_engine.submit(formatter.request_id, prompt_ids, params, user)
         except ValueError as exc:
-            raise _admission_error(exc, body, prompt_field) from None
+            raise admission_error(exc, body, prompt_field) from None
         except Exception as exc:
-            raise from_engine_error(exc, _SAMPLING_FIELDS, prompt_field) from None
+            raise from_engine_error(exc, SAMPLING_FIELDS, prompt_field) from None
         if body.stream:
             events = sse_events(stream, formatter, body.include_usage)
             return SSEResponse(events, on_close=lambda: self._abort_unfinished(stream))
         try:
             result = await collect(stream, request)
         except Exception as exc:
-            raise from_engine_error(exc, _SAMPLING_FIELDS, prompt_field) from None
+            raise from_engine_error(exc, SAMPLING_FIELDS, prompt_field) from None
         finally:
             self._abort_unfinished(stream)
         if result is None:
@@ -229,25 +212,38 @@ class _Handlers:
             raise APIError(500, result.last.error, code="engine_error", type="server_error")
         return Response(formatter.response(result).model_dump_json(), media_type="application/json")
 
+    async def _serve_choices(self, request, body, prompt_ids, params, formatter: Formatter, prompt_field: str) -> Response:
+        """n > 1 (`server/choices.py`)."""
+        formatters = [type(formatter)(formatter.request_id, formatter.model, formatter.logprobs, i) for i in range(body.n)]
+        try:
+            streams = await submit_choices(self.async_engine, formatters, prompt_ids, params, _scope(self.key_scope, body.user))
+        except ValueError as exc:
+            raise admission_error(exc, body, prompt_field) from None
+        except Exception as exc:
+            raise from_engine_error(exc, SAMPLING_FIELDS, prompt_field) from None
+
+        def abort_unfinished() -> None:
+            for stream in streams:
+                self._abort_unfinished(stream)
+
+        if body.stream:
+            return SSEResponse(choice_events(streams, formatters, body.include_usage), on_close=abort_unfinished)
+        try:
+            results = await collect_all(streams, request)
+        except Exception as exc:
+            raise from_engine_error(exc, SAMPLING_FIELDS, prompt_field) from None
+        finally:
+            abort_unfinished()
+        if results is None:
+            return Response(status_code=499)
+        for result in results:
+            if result.last.error is not None:
+                raise APIError(500, result.last.error, code="engine_error", type="server_error")
+        return Response(combined_response(formatters, results).model_dump_json(), media_type="application/json")
+
     def _abort_unfinished(self, stream: RequestStream) -> None:
         if not stream.finished:
             self.async_engine.abort(stream.request_id)
-
-
-def _admission_error(exc: ValueError, body: CompletionRequest | ChatCompletionRequest, prompt_field: str) -> APIError:
-    """A grammar the engine cannot compile is a 400 naming the request field that carried it."""
-    message = str(exc)
-    if message.startswith("structured_output"):
-        field = requested_structure(body)[1]
-        return bad_request(field + message.removeprefix("structured_output"), field)
-    return from_engine_error(exc, _SAMPLING_FIELDS, prompt_field)
-
-
-def _logit_bias(bias: dict[str, float]) -> dict[int, float]:
-    """OpenAI's logit_bias keys are token ids written as text."""
-    if not all(key.isdecimal() for key in bias):
-        raise ValueError(f"logit_bias keys must be token ids, got {[k for k in bias if not k.isdecimal()][:3]}")
-    return {int(key): value for key, value in bias.items()}
 
 
 def _scope(key_scope: str | None, user: str | None) -> str | None:
@@ -256,38 +252,3 @@ def _scope(key_scope: str | None, user: str | None) -> str | None:
     if not user:
         return key_scope
     return f"{key_scope}/user:{user}" if key_scope else f"user:{user}"
-
-
-def _sampling_params(
-    body: CompletionRequest | ChatCompletionRequest,
-    max_tokens: int | None,
-    logprobs: bool,
-    top_logprobs: int,
-) -> SamplingParams:
-    chosen = {
-        "temperature": body.temperature,
-        "top_p": body.top_p,
-        "top_k": max(body.top_k, 0) if body.top_k is not None else None,
-        "min_p": body.min_p,
-        "seed": body.seed,
-        "stop": (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ()),
-        "num_draft_tokens": body.num_draft_tokens,
-        "stop_token_ids": tuple(body.stop_token_ids) if body.stop_token_ids else None,
-        "presence_penalty": body.presence_penalty,
-        "frequency_penalty": body.frequency_penalty,
-        "repetition_penalty": body.repetition_penalty,
-        "min_tokens": body.min_tokens,
-        "max_tokens": max_tokens,
-    }
-    kwargs = {k: v for k, v in chosen.items() if v is not None}
-    try:
-        kwargs["structured_output"] = requested_structure(body)[0]
-        kwargs["logit_bias"] = _logit_bias(body.logit_bias or {})
-        return SamplingParams(
-            **kwargs,
-            logprobs=logprobs,
-            top_logprobs=top_logprobs,
-            ignore_eos=bool(body.ignore_eos),
-        )
-    except ValueError as exc:
-        raise bad_request(str(exc), str(exc).split(" ", 1)[0].rstrip(":")) from None

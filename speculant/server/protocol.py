@@ -3,8 +3,7 @@
 Models are strict (no "5" -> 5 coercion) so a wrong type is a 400 naming the field, as the OpenAI
 API does. Every field a request may carry is declared here and an undeclared one is a 400 naming
 it: ignoring a field (a response format, a penalty, tools) would silently change the meaning of
-the request. Declared OpenAI fields this engine cannot honour in some values (n > 1, echo,
-tools) are refused in `unsupported()`.
+the request. Declared OpenAI fields this engine cannot honour in some values (echo, tools) are refused in `unsupported()`.
 `null` means the same as leaving a field out.
 
 Extensions beyond the OpenAI schema: `top_k`, `min_p`, `ignore_eos`, `stop_token_ids`, `num_draft_tokens`,
@@ -44,7 +43,7 @@ class _SamplingFields(GuidedFields):
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     seed: Annotated[int, Field(ge=0, le=_SEED_MAX)] | None = None
     stop: str | list[str] | None = None
-    n: Annotated[int, Field(ge=1)] | None = None
+    n: Annotated[int, Field(ge=1, le=128)] | None = None  # choices, each its own engine request
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     ignore_eos: bool | None = None
@@ -63,8 +62,6 @@ class _SamplingFields(GuidedFields):
 
     def unsupported(self) -> tuple[str, str] | None:
         """(field, reason) for the first parameter this server cannot honour, else None."""
-        if self.n not in (None, 1):
-            return "n", "n > 1 is not supported; send one request per completion"
         return None
 
 

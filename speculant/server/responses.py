@@ -71,7 +71,8 @@ def speculation_of(stats: CompletionStats | None) -> Speculation | None:
 
 
 class _Formatter:
-    def __init__(self, request_id: str, model: str, logprobs: bool) -> None:
+    def __init__(self, request_id: str, model: str, logprobs: bool, index: int = 0) -> None:
+        self.index = index  # the choice this formatter formats (n > 1)
         self.request_id = request_id
         self.model = model
         self.logprobs = logprobs
@@ -87,8 +88,8 @@ class _Formatter:
 
 
 class CompletionFormatter(_Formatter):
-    def __init__(self, request_id: str, model: str, logprobs: bool) -> None:
-        super().__init__(request_id, model, logprobs)
+    def __init__(self, request_id: str, model: str, logprobs: bool, index: int = 0) -> None:
+        super().__init__(request_id, model, logprobs, index)
         self._chars = 0  # characters completed by the tokens so far
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
@@ -99,7 +100,7 @@ class CompletionFormatter(_Formatter):
         out = delta.output
         finish_reason, speculation = self._tail(out)
         logprobs = self._logprobs(delta.token_bytes or [], delta.logprobs or [], delta.top_logprobs)
-        choice = CompletionChoice(text=out.new_text, logprobs=logprobs, finish_reason=finish_reason)
+        choice = CompletionChoice(index=self.index, text=out.new_text, logprobs=logprobs, finish_reason=finish_reason)
         return CompletionResponse(**self._head(), choices=[choice], speculation=speculation)
 
     def usage_chunk(self, out: RequestOutput) -> CompletionResponse:
@@ -109,7 +110,7 @@ class CompletionFormatter(_Formatter):
         out = result.last
         logprobs = self._logprobs(result.token_bytes, result.logprobs, result.top_logprobs or None)
         choice = CompletionChoice(
-            text=result.text, logprobs=logprobs, finish_reason=out.finish_reason
+            index=self.index, text=result.text, logprobs=logprobs, finish_reason=out.finish_reason
         )
         return CompletionResponse(
             **self._head(),
@@ -146,13 +147,14 @@ class ChatFormatter(_Formatter):
     def first_chunk(self) -> ChatCompletionChunk:
         """The role comes first, before any token, as OpenAI streams it."""
         return ChatCompletionChunk(
-            **self._head(), choices=[ChatChunkChoice(delta={"role": "assistant", "content": ""})]
+            **self._head(), choices=[ChatChunkChoice(index=self.index, delta={"role": "assistant", "content": ""})]
         )
 
     def chunk(self, delta: Delta) -> ChatCompletionChunk:
         out = delta.output
         finish_reason, speculation = self._tail(out)
         choice = ChatChunkChoice(
+            index=self.index,
             delta={"content": out.new_text} if out.new_text else {},
             logprobs=self._logprobs(
                 delta.token_bytes or [], delta.logprobs or [], delta.top_logprobs
@@ -167,6 +169,7 @@ class ChatFormatter(_Formatter):
     def response(self, result: Collected) -> ChatCompletionResponse:
         out = result.last
         choice = ChatChoice(
+            index=self.index,
             message=AssistantMessage(content=result.text),
             logprobs=self._logprobs(
                 result.token_bytes, result.logprobs, result.top_logprobs or None

@@ -55,13 +55,13 @@ async def sse_events(
             if delta.output.finished and include_usage:
                 yield sse(formatter.usage_chunk(delta.output))
             if delta.output.error is not None:  # the engine failed this request alone
-                yield _error_event(delta.output.error)
+                yield error_event(delta.output.error)
     except EngineFailed as exc:
-        yield _error_event(str(exc))
+        yield error_event(str(exc))
     yield "data: [DONE]\n\n"
 
 
-def _error_event(message: str) -> str:
+def error_event(message: str) -> str:
     """Headers are gone already; OpenAI clients raise on an `error` event."""
     error = {"message": message, "type": "server_error", "param": None, "code": "engine_error"}
     return sse({"error": error})
@@ -69,7 +69,14 @@ def _error_event(message: str) -> str:
 
 async def collect(stream: RequestStream, request: Request) -> Collected | None:
     """All of a request's deltas, or None if the client disconnected first."""
-    gather = asyncio.ensure_future(_gather(stream))
+    results = await collect_all([stream], request)
+    return None if results is None else results[0]
+
+
+async def collect_all(streams: list[RequestStream], request: Request) -> list[Collected] | None:
+    """All deltas of every stream (the choices of one response), or None if the client
+    disconnected first."""
+    gather = asyncio.ensure_future(asyncio.gather(*(_gather(s) for s in streams)))
     watch = asyncio.ensure_future(_disconnected(request))
     try:
         await asyncio.wait({gather, watch}, return_when=asyncio.FIRST_COMPLETED)

@@ -116,7 +116,7 @@ BAD_REQUESTS = {
     "top_k below -1": (C, {"prompt": "x", "top_k": -2}, 400, "top_k"),
     "min_p above one": (C, {"prompt": "x", "min_p": 2}, 400, "min_p"),
     "seed negative": (C, {"prompt": "x", "seed": -1}, 400, "seed"),
-    "n above one": (C, {"prompt": "x", "n": 2}, 400, "n"),
+    "n above 128": (C, {"prompt": "x", "n": 129}, 400, "n"),
     "empty stop string": (C, {"prompt": "x", "stop": [""]}, 400, "stop"),
     "stop wrong type": (C, {"prompt": "x", "stop": 5}, 400, "stop"),
     "logprobs above five": (C, {"prompt": "x", "logprobs": 10}, 400, "logprobs"),
@@ -148,7 +148,7 @@ BAD_REQUESTS = {
     "chat logprobs wrong type": (X, {"messages": USER, "logprobs": "yes"}, 400, "logprobs"),
     "chat top_logprobs too high": (X, {"messages": USER, "top_logprobs": 30}, 400, "top_logprobs"),
     "chat unknown model": (X, {"model": "gpt-4", "messages": USER}, 404, "model"),
-    "chat n above one": (X, {"messages": USER, "n": 3}, 400, "n"),
+    "chat n above 128": (X, {"messages": USER, "n": 129}, 400, "n"),
 }
 
 
