@@ -129,7 +129,7 @@ def _init_signature() -> inspect.Signature:
 LLM.__init__.__signature__ = _init_signature()
 
 
-def chat_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
+def chat_prompt_ids(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
     """Token ids of a conversation under the model's chat template, ready for the reply.
 
     Shared by `LLM.chat` and the server so both build exactly the same prompt.
@@ -138,7 +138,7 @@ def chat_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
         raise ValueError("messages must not be empty")
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise ValueError("messages: this model has no chat template")
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
     return tokenizer.encode(text, add_special_tokens=False)
 
 

@@ -34,6 +34,7 @@ from speculant.server.request_params import SAMPLING_FIELDS, admission_error, sa
 from speculant.server.request_stream import Chat, RequestStream
 from speculant.server.responses import ChatFormatter, CompletionFormatter
 from speculant.server.streaming import Formatter, SSEResponse, collect, collect_all, sse_events
+from speculant.server.tools import tool_format, tool_request
 from speculant.server.utility_routes import add_utility_routes
 
 
@@ -102,6 +103,7 @@ class _Handlers:
         self.model_name = model_name
         self.created = int(time.time())
         self.max_position = async_engine.engine.arch.max_position
+        self.tool_format = tool_format(encoder.tokenizer) if encoder.tokenizer is not None else (False, False)
 
     async def models(self) -> ModelList:
         return ModelList(
@@ -137,14 +139,18 @@ class _Handlers:
 
     async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Response:
         self._check(body)
-        ids = await self.encoder.encode(Chat([m.template_dict() for m in body.messages]), "messages")
+        try:
+            tools = tool_request(body.tools, body.tool_choice, self.tool_format)
+        except ValueError as exc:
+            raise bad_request(str(exc), str(exc).split(" ", 1)[0].rstrip(":")) from None
+        ids = await self.encoder.encode(Chat([m.template_dict() for m in body.messages], body.tools or None), "messages")
         # Without a limit a chat reply may run to the end of the context, as in the OpenAI API.
         field = body.max_tokens_field
         max_tokens = self._max_tokens(len(ids), body.output_limit, field, "messages")
         logprobs = bool(body.logprobs)
         top = body.top_logprobs or 0
-        params = sampling_params(body, max_tokens, logprobs=logprobs, top_logprobs=top)
-        formatter = ChatFormatter(f"chatcmpl-{uuid.uuid4().hex}", self.model_name, logprobs)
+        params = sampling_params(body, max_tokens, logprobs=logprobs, top_logprobs=top, tools=tools)
+        formatter = ChatFormatter(f"chatcmpl-{uuid.uuid4().hex}", self.model_name, logprobs, tools=tools)
         return await self._serve(request, body, ids, params, formatter, prompt_field="messages")
 
     def _max_tokens(self, n: int, requested: int | None, field: str, prompt_field: str) -> int:
@@ -214,7 +220,7 @@ class _Handlers:
 
     async def _serve_choices(self, request, body, prompt_ids, params, formatter: Formatter, prompt_field: str) -> Response:
         """n > 1 (`server/choices.py`)."""
-        formatters = [type(formatter)(formatter.request_id, formatter.model, formatter.logprobs, i) for i in range(body.n)]
+        formatters = [formatter.for_choice(i) for i in range(body.n)]
         try:
             streams = await submit_choices(self.async_engine, formatters, prompt_ids, params, _scope(self.key_scope, body.user))
         except ValueError as exc:

@@ -52,7 +52,7 @@ class PromptEncoder:
             raise bad_request(f"{field}: this model has no tokenizer; send token ids", field)
         try:
             if isinstance(prompt, Chat):
-                return chat_prompt_ids(self.tokenizer, prompt.messages)
+                return chat_prompt_ids(self.tokenizer, prompt.messages, prompt.tools)
             return self.tokenizer.encode(prompt, add_special_tokens=True)
         except APIError:
             raise

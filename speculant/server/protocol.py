@@ -3,7 +3,7 @@
 Models are strict (no "5" -> 5 coercion) so a wrong type is a 400 naming the field, as the OpenAI
 API does. Every field a request may carry is declared here and an undeclared one is a 400 naming
 it: ignoring a field (a response format, a penalty, tools) would silently change the meaning of
-the request. Declared OpenAI fields this engine cannot honour in some values (echo, tools) are refused in `unsupported()`.
+the request. Declared OpenAI fields this engine cannot honour in some values (echo, best_of > 1) are refused in `unsupported()`.
 `null` means the same as leaving a field out.
 
 Extensions beyond the OpenAI schema: `top_k`, `min_p`, `ignore_eos`, `stop_token_ids`, `num_draft_tokens`,
@@ -14,7 +14,7 @@ and a `speculation` object in responses (see `responses.py`).
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -141,10 +141,6 @@ class ChatCompletionRequest(_SamplingFields):
     response_format: ResponseFormat | None = None
 
     def unsupported(self) -> tuple[str, str] | None:
-        if self.tools:
-            return "tools", "tools are not supported"
-        if self.tool_choice not in (None, "none"):
-            return "tool_choice", "tool_choice is not supported (only 'none')"
         if self.top_logprobs and not self.logprobs:
             return "top_logprobs", "top_logprobs requires logprobs to be true"
         return super().unsupported()
@@ -226,7 +222,8 @@ class ChatLogprobs(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[dict] | None = None  # [{"id", "type": "function", "function": {"name", "arguments"}}]
 
 
 class ChatChoice(BaseModel):
@@ -248,7 +245,7 @@ class ChatCompletionResponse(BaseModel):
 
 class ChatChunkChoice(BaseModel):
     index: int = 0
-    delta: dict[str, str]  # {"role": "assistant"} first, then {"content": ...}; {} at the end
+    delta: dict[str, Any]  # {"role": "assistant"} first, then {"content": ...} or {"tool_calls": [...]}; {} at the end
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
 

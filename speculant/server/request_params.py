@@ -7,6 +7,7 @@ from speculant.sampling.params import SamplingParams
 from speculant.server.errors import APIError, bad_request, from_engine_error
 from speculant.server.protocol import ChatCompletionRequest, CompletionRequest
 from speculant.server.structured_fields import requested_structure
+from speculant.server.tools import ToolRequest, tool_constraint
 
 SAMPLING_FIELDS = {
     "max_tokens",
@@ -33,7 +34,7 @@ def admission_error(exc: ValueError, body: CompletionRequest | ChatCompletionReq
     """A grammar the engine cannot compile is a 400 naming the request field that carried it."""
     message = str(exc)
     if message.startswith("structured_output"):
-        field = requested_structure(body)[1]
+        field = requested_structure(body)[1] or "tools"
         return bad_request(field + message.removeprefix("structured_output"), field)
     return from_engine_error(exc, SAMPLING_FIELDS, prompt_field)
 
@@ -50,6 +51,7 @@ def sampling_params(
     max_tokens: int | None,
     logprobs: bool,
     top_logprobs: int,
+    tools: ToolRequest | None = None,
 ) -> SamplingParams:
     chosen = {
         "temperature": body.temperature,
@@ -69,6 +71,10 @@ def sampling_params(
     kwargs = {k: v for k, v in chosen.items() if v is not None}
     try:
         kwargs["structured_output"] = requested_structure(body)[0]
+        constraint = tool_constraint(tools) if tools is not None else None
+        if constraint is not None and kwargs["structured_output"] is not None:
+            raise ValueError(f"tool_choice: {tools.choice!r} constrains the reply; drop {requested_structure(body)[1]} or use tool_choice 'none'")
+        kwargs["structured_output"] = kwargs["structured_output"] or constraint
         kwargs["logit_bias"] = _logit_bias(body.logit_bias or {})
         return SamplingParams(
             **kwargs,

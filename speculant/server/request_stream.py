@@ -31,6 +31,7 @@ class Chat:
     """A chat prompt, rendered with the model's chat template by the `PromptEncoder`."""
 
     messages: list[dict]
+    tools: list[dict] | None = None  # the request's tools, for templates that render them
 
 
 @dataclass

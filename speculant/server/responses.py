@@ -30,6 +30,7 @@ from speculant.server.protocol import (
 )
 from speculant.server.request_stream import Delta
 from speculant.server.token_bytes import token_text
+from speculant.server.tools import ToolRequest, extract_calls
 
 
 @dataclass
@@ -77,6 +78,10 @@ class _Formatter:
         self.model = model
         self.logprobs = logprobs
         self.created = int(time.time())
+
+    def for_choice(self, index: int):
+        """A fresh formatter of the same response for choice `index` (n > 1)."""
+        return type(self)(self.request_id, self.model, self.logprobs, index)
 
     def _head(self) -> dict:
         return {"id": self.request_id, "created": self.created, "model": self.model}
@@ -144,6 +149,36 @@ class CompletionFormatter(_Formatter):
 
 
 class ChatFormatter(_Formatter):
+    """With tools in play (`server/tools.py`) the reply's text is held back and sent at the end,
+    as tool calls or as content."""
+
+    def __init__(self, request_id: str, model: str, logprobs: bool, index: int = 0, tools: ToolRequest | None = None) -> None:
+        super().__init__(request_id, model, logprobs, index)
+        self.tools = tools if tools is not None and tools.choice != "none" else None
+        self._held = ""
+
+    def for_choice(self, index: int) -> ChatFormatter:
+        return ChatFormatter(self.request_id, self.model, self.logprobs, index, self.tools)
+
+    def _reply(self, text: str, finish_reason: str | None) -> tuple[dict, str | None]:
+        """(the message fields, the finish reason) of a finished reply."""
+        content, calls = extract_calls(self.tools, text) if self.tools is not None else (text, [])
+        if not calls:
+            return {"content": content}, finish_reason
+        return {"content": content, "tool_calls": calls}, "tool_calls"
+
+    def _delta(self, out: RequestOutput) -> tuple[dict, str | None]:
+        finish_reason = out.finish_reason if out.finished else None
+        if self.tools is None:
+            return ({"content": out.new_text} if out.new_text else {}), finish_reason
+        self._held += out.new_text
+        if not out.finished:
+            return {}, None
+        fields, finish_reason = self._reply(self._held, finish_reason)
+        for i, call in enumerate(fields.get("tool_calls", [])):
+            call["index"] = i
+        return {k: v for k, v in fields.items() if v}, finish_reason
+
     def first_chunk(self) -> ChatCompletionChunk:
         """The role comes first, before any token, as OpenAI streams it."""
         return ChatCompletionChunk(
@@ -152,10 +187,11 @@ class ChatFormatter(_Formatter):
 
     def chunk(self, delta: Delta) -> ChatCompletionChunk:
         out = delta.output
-        finish_reason, speculation = self._tail(out)
+        _, speculation = self._tail(out)
+        fields, finish_reason = self._delta(out)
         choice = ChatChunkChoice(
             index=self.index,
-            delta={"content": out.new_text} if out.new_text else {},
+            delta=fields,
             logprobs=self._logprobs(
                 delta.token_bytes or [], delta.logprobs or [], delta.top_logprobs
             ),
@@ -168,13 +204,14 @@ class ChatFormatter(_Formatter):
 
     def response(self, result: Collected) -> ChatCompletionResponse:
         out = result.last
+        fields, finish_reason = self._reply(result.text, out.finish_reason)
         choice = ChatChoice(
             index=self.index,
-            message=AssistantMessage(content=result.text),
+            message=AssistantMessage(**fields),
             logprobs=self._logprobs(
                 result.token_bytes, result.logprobs, result.top_logprobs or None
             ),
-            finish_reason=out.finish_reason,
+            finish_reason=finish_reason,
         )
         return ChatCompletionResponse(
             **self._head(),
