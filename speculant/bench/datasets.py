@@ -1,13 +1,19 @@
-"""Benchmark prompt sets: MT-bench / Spec-Bench, plain `{"prompt": ...}` and HumanEval JSONL."""
+"""Benchmark prompt sets: MT-bench / Spec-Bench, plain `{"prompt": ...}` and HumanEval JSONL; a
+row's `json_schema` constrains its answers (structured outputs). `--dataset structured` is the
+project's own JSON-schema prompt set (`structured_prompts.jsonl` beside this file)."""
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import pathlib
 from dataclasses import dataclass
 
 from speculant.bench.common import data_dir
+from speculant.sampling.structured import StructuredOutput
+
+STRUCTURED = pathlib.Path(__file__).with_name("structured_prompts.jsonl")
 
 
 @dataclass(frozen=True)
@@ -18,6 +24,7 @@ class Conversation:
     category: str
     turns: tuple[str, ...]
     chat: bool = True  # wrapped in the chat template (HumanEval stubs are completed as they are)
+    structured: StructuredOutput | None = None  # the grammar every answer must match
 
 
 def default_dataset() -> pathlib.Path:
@@ -30,7 +37,7 @@ def default_dataset() -> pathlib.Path:
 
 def load_dataset(path: str | pathlib.Path) -> list[Conversation]:
     """Every item of a JSONL (or .jsonl.gz) file; the layout is read from each line's fields."""
-    path = pathlib.Path(path)
+    path = STRUCTURED if str(path) == "structured" else pathlib.Path(path)
     if not path.exists():
         raise ValueError(f"--dataset: {path} does not exist")
     opener = gzip.open if path.suffix == ".gz" else open
@@ -51,6 +58,16 @@ def _item(line: str, where: str) -> Conversation:
         raise ValueError(f"{where}: not JSON ({e})") from None
     if not isinstance(row, dict):
         raise ValueError(f"{where}: expected a JSON object")
+    item = _layout(row, where)
+    if "json_schema" in row:
+        try:
+            item = dataclasses.replace(item, structured=StructuredOutput.json_schema(row["json_schema"]))
+        except ValueError as e:
+            raise ValueError(f"{where}: json_schema: {e}") from None
+    return item
+
+
+def _layout(row: dict, where: str) -> Conversation:
     if "turns" in row:  # MT-bench / Spec-Bench
         turns = row["turns"]
         if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):

@@ -12,6 +12,7 @@ that emits n tokens at once counts n gaps of 1/n of its time each).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -149,8 +150,9 @@ class _InFlight:
 
     def _submit(self, r: ItemRun, start: float) -> None:
         prompt = _turn_prompt(self.llm, r.item, r.token_ids, len(r.token_ids))
+        params = self.params if r.item.structured is None else dataclasses.replace(self.params, structured_output=r.item.structured)
         t0 = self.clock + time.perf_counter() - start
-        self.pending[self.llm.engine.add_request(prompt, self.params, user=self.user).request_id] = (r, t0)
+        self.pending[self.llm.engine.add_request(prompt, params, user=self.user).request_id] = (r, t0)
 
     def advance(self) -> int:
         """One engine step and its bookkeeping; returns the number of items it finished."""
