@@ -14,6 +14,7 @@ import time
 import httpx
 import pytest
 from server_helpers import MODEL, free_port
+
 from speculant.distributed.processes import WORKER_MODULE
 
 SERVE_SCRIPT = """
