@@ -54,8 +54,9 @@ _SPLIT_SEQUENCES = {
 # Vocabularies split like GPT-2 but with every digit on its own ("smollm" in llama.cpp;
 # `Digits(individual_digits=True)` before `ByteLevel` in SmolLM2's tokenizer.json).
 _DIGIT_SPLIT_PRES = frozenset({"smollm", "starcoder", "refact", "codeshell"})
-# "default" is what a file that names no pre-tokenizer reads as; both it and "gpt2" split as GPT-2.
-SUPPORTED_PRES = frozenset({"gpt2", "default", *_REGEX_SPLITS, *_SPLIT_SEQUENCES, *_DIGIT_SPLIT_PRES})
+# "default" is what a file that names no pre-tokenizer reads as; it, "gpt-2" (llama.cpp's name for
+# GPT-2's split, as its converter writes it) and "gpt2" split as GPT-2.
+SUPPORTED_PRES = frozenset({"gpt2", "gpt-2", "default", *_REGEX_SPLITS, *_SPLIT_SEQUENCES, *_DIGIT_SPLIT_PRES})
 
 
 def gguf_tokenizer(gguf: GGUFFile) -> PreTrainedTokenizerFast:
@@ -125,7 +126,7 @@ def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
         return pre_tokenizers.Sequence([*isolated, byte_level])
     if pre in _DIGIT_SPLIT_PRES:
         return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-    return byte_level  # "gpt2" and "default": GPT-2's own split
+    return byte_level  # "gpt2", "gpt-2" and "default": GPT-2's own split
 
 
 def _add_whole_tokens(backend: Tokenizer, tokens: list[str], token_types: list[int]) -> None:
