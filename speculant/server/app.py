@@ -103,6 +103,7 @@ class _Handlers:
         self.model_name = model_name
         self.created = int(time.time())
         self.max_position = async_engine.engine.arch.max_position
+        self.generation_defaults = async_engine.engine.arch.generation.sampling_overrides()  # generation_config.json
         self.tool_format = tool_format(encoder.tokenizer) if encoder.tokenizer is not None else (False, False)
 
     async def models(self) -> ModelList:
@@ -130,7 +131,8 @@ class _Handlers:
         ids = await self.encoder.encode(prompt, "prompt")
         max_tokens = self._max_tokens(len(ids), body.output_limit, "max_tokens", "prompt")
         params = sampling_params(
-            body, max_tokens, logprobs=body.logprobs is not None, top_logprobs=body.logprobs or 0
+            body, max_tokens, logprobs=body.logprobs is not None, top_logprobs=body.logprobs or 0,
+            defaults=self.generation_defaults,
         )
         formatter = CompletionFormatter(
             f"cmpl-{uuid.uuid4().hex}", self.model_name, body.logprobs is not None
@@ -149,7 +151,7 @@ class _Handlers:
         max_tokens = self._max_tokens(len(ids), body.output_limit, field, "messages")
         logprobs = bool(body.logprobs)
         top = body.top_logprobs or 0
-        params = sampling_params(body, max_tokens, logprobs=logprobs, top_logprobs=top, tools=tools)
+        params = sampling_params(body, max_tokens, logprobs=logprobs, top_logprobs=top, tools=tools, defaults=self.generation_defaults)
         formatter = ChatFormatter(f"chatcmpl-{uuid.uuid4().hex}", self.model_name, logprobs, tools=tools)
         return await self._serve(request, body, ids, params, formatter, prompt_field="messages")
 

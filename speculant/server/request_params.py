@@ -52,7 +52,10 @@ def sampling_params(
     logprobs: bool,
     top_logprobs: int,
     tools: ToolRequest | None = None,
+    defaults: dict | None = None,
 ) -> SamplingParams:
+    """`defaults`: the checkpoint's generation_config.json sampling fields, which stand in for
+    the ones a request leaves unset (as vLLM does)."""
     chosen = {
         "temperature": body.temperature,
         "top_p": body.top_p,
@@ -68,6 +71,9 @@ def sampling_params(
         "min_tokens": body.min_tokens,
         "max_tokens": max_tokens,
     }
+    for field, value in (defaults or {}).items():
+        if chosen.get(field, 0) is None:
+            chosen[field] = value
     kwargs = {k: v for k, v in chosen.items() if v is not None}
     try:
         kwargs["structured_output"] = requested_structure(body)[0]
