@@ -17,13 +17,6 @@ from speculant.utils import sync
 
 
 @pytest.fixture(scope="module")
-def smol_tokenizer():
-    from speculant.loader import load_checkpoint
-
-    return load_checkpoint("smollm2-135m").tokenizer
-
-
-@pytest.fixture(scope="module")
 def models(smol_tokenizer):
     return build_models(smol_tokenizer)
 

@@ -37,13 +37,6 @@ def models(smol_tokenizer):
     return target, noisy_copy(target), head, smol_tokenizer
 
 
-@pytest.fixture(scope="module")
-def smol_tokenizer():
-    from speculant.loader import load_checkpoint
-
-    return load_checkpoint("smollm2-135m").tokenizer
-
-
 def _llm(models, method: str | None = None) -> LLM:
     target, draft, head, tokenizer = models
     options = dict(METHODS[method]) if method else {}
