@@ -96,14 +96,17 @@ class LogitControls:
             adj.banned = self._bans(requests, seq_of_row, depth_of_row)
         if any(p.logit_bias for p in params):
             adj.bias = self._bias(params).index_select(0, row_seq)
-        if any(p.frequency_penalty or p.presence_penalty for p in params):
+        penalised = any(p.frequency_penalty or p.presence_penalty for p in params)
+        repeated = any(p.repetition_penalty != 1.0 for p in params)
+        drafted = self._one_hot_sum(path) if penalised or repeated else None  # [R, V] the drafts on each row's path
+        if penalised:
             base = torch.stack([self._counts(r.output_token_ids) for r in requests])  # [B, V]
-            adj.output_counts = base.index_select(0, row_seq) + self._one_hot_sum(path)
+            adj.output_counts = base.index_select(0, row_seq) + drafted
             adj.frequency = self._column([p.frequency_penalty for p in params], row_seq)
             adj.presence = self._column([p.presence_penalty for p in params], row_seq)
-        if any(p.repetition_penalty != 1.0 for p in params):
+        if repeated:
             base = torch.stack([self._counts(r.prompt_token_ids + r.output_token_ids) > 0 for r in requests])
-            adj.seen = base.index_select(0, row_seq) | (self._one_hot_sum(path) > 0)
+            adj.seen = base.index_select(0, row_seq) | (drafted > 0)
             adj.repetition = self._column([p.repetition_penalty for p in params], row_seq)
         return adj
 
