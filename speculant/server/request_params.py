@@ -71,8 +71,8 @@ def sampling_params(
         "min_tokens": body.min_tokens,
         "max_tokens": max_tokens,
     }
-    for field, value in (defaults or {}).items():
-        if chosen.get(field, 0) is None:
+    for field, value in (defaults or {}).items():  # temperature, top_p, top_k, min_p
+        if chosen[field] is None:
             chosen[field] = value
     kwargs = {k: v for k, v in chosen.items() if v is not None}
     try:
