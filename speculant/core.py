@@ -219,7 +219,8 @@ class StepResult:
     requests: list[Request]  # [B] the batch's requests, finished ones included
     row_offsets: list[int]  # [B + 1] each sequence's rows of the flat forward; row_offsets[-1] == T
     kv_starts: list[int]  # [B] position (KV slot) of each sequence's first row
-    hidden_states: torch.Tensor  # [T, hidden] the target's last-layer states (device), before the final norm
+    hidden_states: torch.Tensor  # [T, hidden] the target's last-layer states (device), before the final norm;
+    # [T, 3 * hidden] its feature layers' outputs when an eagle3 head reads them (`Executor.expose_features`)
     num_accepted: torch.Tensor  # [B] int64 (device) drafts the target accepted; 0 on plain steps
     bonus_token_ids: torch.Tensor  # [B] int64 (device) the target's own token after the accepted drafts
     # (recovered, bonus, or the plain sample); -1 where the step sampled nothing (a prefill chunk)

@@ -78,6 +78,11 @@ class TensorParallelExecutor(Executor):
             raise ValueError(f"tensor_parallel_size > 1 runs heads over the target from a head folder, not {spec.name!r}")
         target = self._runner(TARGET)
         head = self._checked_head(spec, target)
+        if head.config.feature_layers:
+            raise ValueError(
+                f"tensor_parallel_size > 1 runs no head that reads the target's feature_layers {list(head.config.feature_layers)} "
+                f"(an {head.config.variant} head): run it with tensor_parallel_size=1"
+            )
         nbytes, data = object_segment((spec.name, spec.config, head))
         with self._group_call():
             self.channel.send(Op.ADD_MODEL, [nbytes], [data])

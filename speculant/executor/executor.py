@@ -31,6 +31,7 @@ class Executor:
         self._runners: dict[str, ModelRunner] = {TARGET: target}
         self._target_sha256 = target_sha256  # the target checkpoint's sha256, for heads trained on it
         self.page_size: int | None = None  # set by allocate_kv
+        self._features: dict[str, tuple[int, ...]] = {}  # model -> layers its forwards expose as `hidden`
         self.timeline = None  # the engine's `Timeline`: each forward is a span of it
 
     # ---- models -----------------------------------------------------------------------------
@@ -52,12 +53,25 @@ class Executor:
         base = self._runner(spec.head_of)
         if spec.own_head:
             return own_head_runner(base, spec.config)
-        return build_head_runner(self._checked_head(spec, base), base, spec.config)
+        head = self._checked_head(spec, base)
+        runner = build_head_runner(head, base, spec.config)
+        if head.config.feature_layers:  # an eagle3 head: the base's forwards expose those layers
+            self.expose_features(spec.head_of, head.config.feature_layers)
+        return runner
 
     def _checked_head(self, spec: ModelSpec, base: ModelRunner):
         """`loading.checked_head`, with the target's sha256 for a head over the target."""
         expect = self._target_sha256() if self._target_sha256 is not None and spec.head_of == TARGET else None
         return checked_head(spec, base, expect)
+
+    def expose_features(self, model: str, layers: tuple[int, ...]) -> None:
+        """From now on `model`'s forwards return as `hidden` its residual stream after each of
+        `layers`, concatenated ([T, len(layers) * hidden], `CausalLM.forward_features`), in place
+        of its last layer's states: what an eagle3 head reads. Logits are unchanged."""
+        layers = tuple(layers)
+        if self._features.get(model, layers) != layers:
+            raise ValueError(f"feature_layers: the {model} model already exposes layers {list(self._features[model])}, not {list(layers)}")
+        self._features[model] = layers
 
     def add_runner(self, name: str, runner: ModelRunner) -> None:
         """Own an already built runner (a tensor-parallel worker's head shard)."""
@@ -112,7 +126,8 @@ class Executor:
         self, model: str, fb: ForwardBatch, input_ids=None, input_embeds=None, hidden_states=None, logits_rows=None,
     ) -> ForwardResult:
         """One forward of `model` over a built batch (`ForwardPlan`'s tensors, same shapes)."""
-        logits, hidden = self._runner(model).forward(fb, input_embeds, hidden_states, input_ids, logits_rows)
+        features = self._features.get(model, ())
+        logits, hidden = self._runner(model).forward(fb, input_embeds, hidden_states, input_ids, logits_rows, features)
         return ForwardResult(logits, hidden)
 
     def drive(self, forwards: Forwards[T]) -> T:

@@ -1,6 +1,7 @@
 """Build model runners from checkpoints (the target's, and any draft model's), and check a model
 a proposer declares (`ModelSpec`) against the model it serves: a draft LLM's vocabulary, a
-head's target and hidden size. The executor owns what these build; it loads nothing itself."""
+head's target, hidden size and feature layers. The executor owns what these build; it loads
+nothing itself."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from speculant.attention.registry import create_backend, resolve_backend_name
 from speculant.config import EngineConfig, ModelConfig
 from speculant.executor.model_runner import ModelRunner
 from speculant.executor.plan import ModelSpec
+from speculant.models.head_features import check_feature_layers
 from speculant.models.registry import create_model
 
 # Loaded models by (checkpoint, device, dtype, weights mode), while some engine holds them: engines
@@ -99,8 +101,8 @@ def own_head_runner(base: ModelRunner, model_config: ModelConfig) -> ModelRunner
 
 def checked_head(spec: ModelSpec, base: ModelRunner, expect_sha256: str | None):
     """The head folder's (or in-memory) `HeadCheckpoint`, checked against its base model: its
-    hidden size, and the target it was trained for when `expect_sha256` (the target
-    checkpoint's) is given."""
+    hidden size, its feature layers (an eagle3 head's, within the model's layers), and the target
+    it was trained for when `expect_sha256` (the target checkpoint's) is given."""
     from speculant.loader.head_file import check_target, load_head
 
     head = spec.checkpoint if spec.checkpoint is not None else load_head(spec.config.model, expect_sha256)
@@ -111,4 +113,6 @@ def checked_head(spec: ModelSpec, base: ModelRunner, expect_sha256: str | None):
             f"head {spec.config.model!r} has hidden size {head.config.hidden_size}, "
             f"the {spec.head_of} model {base.arch.hidden_size}"
         )
+    if head.config.feature_layers:
+        check_feature_layers(head.config.feature_layers, base.arch.num_layers)
     return head

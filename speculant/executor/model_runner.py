@@ -38,9 +38,11 @@ class ModelRunner:
         hidden_states: torch.Tensor | None = None,  # [T, hidden_in] extra input of draft heads
         input_ids: torch.Tensor | None = None,  # [T] device token ids read instead of fb's
         logits_rows: torch.Tensor | None = None,  # [N] device rows that get logits, instead of fb's
+        feature_layers: tuple[int, ...] = (),  # layers whose outputs replace the last layer's as `hidden`
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """logits [N, vocab] float32 for logits_rows (default fb.logits_indices), hidden [T, hidden]
-        for every token.
+        for every token (with `feature_layers`: [T, len(feature_layers) * hidden], those layers'
+        outputs, `CausalLM.forward_features`).
         Called by the executor only (`executor/executor.py`)."""
         assert self.kv is not None, "allocate_kv first"
         if input_embeds is not None and input_embeds.shape[0] != fb.num_tokens:
@@ -52,10 +54,13 @@ class ModelRunner:
         ctx = ForwardContext(self.backend, meta, self.kv.k, self.kv.v, self._window_plan(fb))
         if input_ids is None and input_embeds is None:
             input_ids = view.input_ids
-        hidden = self.model.forward(input_ids, view.positions, ctx, input_embeds, hidden_states)
+        if feature_layers:
+            hidden, features = self.model.forward_features(input_ids, view.positions, ctx, feature_layers, input_embeds)
+        else:
+            hidden = features = self.model.forward(input_ids, view.positions, ctx, input_embeds, hidden_states)
         rows = view.logits_indices if logits_rows is None else logits_rows
         logits = self.model.compute_logits(hidden.index_select(0, rows))
-        return logits, hidden
+        return logits, features
 
     def _window_plan(self, fb: ForwardBatch):
         """The sliding-window layers' plan, when the model has them and a key falls outside a window."""

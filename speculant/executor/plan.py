@@ -55,6 +55,7 @@ class ForwardPlan:
 class ForwardResult:
     logits: torch.Tensor  # [N, vocab] float32, the rows the plan asked for (logits_rows, or its SeqInput.logits flags), in order
     hidden: torch.Tensor  # [T, hidden] last-layer states of every token, before the final norm
+    # (a model with exposed feature layers, `Executor.expose_features`: [T, layers * hidden])
 
 
 # What proposers write: yields plans, receives their results, returns a value (or None).

@@ -1,7 +1,8 @@
 """Draft-head files: a folder with `head.safetensors` and `head.json`.
 
-`head.json` records the variant, the draft vocabulary size and the target the head was trained
-for, with that checkpoint's sha256: a head loaded over another target is refused, naming both.
+`head.json` records the variant, the draft vocabulary size, the target the head was trained
+for, with that checkpoint's sha256 (a head loaded over another target is refused, naming both),
+and for an eagle3 head the target layers it reads (`feature_layers`).
 DeepSeek-V3 MTP names (`model.layers.N.enorm`, `shared_head.norm`, the block's own names) map
 onto the normed variant; the shared embedding and lm_head in such a file are dropped (the target's
 are used). Heads trained for the registry's models ship inside the package (`speculant/heads/`).
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 
 from speculant.loader.errors import CheckpointError
+from speculant.models.head_features import FEATURE_VARIANT, check_feature_layers
 
 HEADS_DIR = pathlib.Path(__file__).resolve().parent.parent / "heads"  # heads shipped for registry models
 _WEIGHTS, _CONFIG = "head.safetensors", "head.json"
@@ -27,12 +29,23 @@ _WEIGHTS, _CONFIG = "head.safetensors", "head.json"
 
 @dataclass(frozen=True)
 class HeadFileConfig:
-    variant: str  # "normed" | "eagle"
+    variant: str  # "normed" | "eagle" | "eagle3"
     target: str  # the target's name when trained (registry name or file name)
     target_sha256: str  # the target checkpoint's sha256 (`checkpoint_sha256`)
     hidden_size: int
     draft_vocab_size: int = 0  # kept target tokens; 0: the full vocabulary
     training: dict[str, Any] = field(default_factory=dict)  # how it was made (command, steps, data)
+    feature_layers: tuple[int, ...] = ()  # eagle3: the target layers whose outputs the head reads
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "feature_layers", tuple(self.feature_layers))  # a JSON list read back
+        if (self.variant == FEATURE_VARIANT) != bool(self.feature_layers):
+            raise ValueError(
+                f"feature_layers: an {FEATURE_VARIANT} head names the target layers it reads, other variants none; "
+                f"got variant {self.variant!r} with {list(self.feature_layers)}"
+            )
+        if self.feature_layers:
+            check_feature_layers(self.feature_layers)  # the range: against the target, when loaded over it
 
 
 @dataclass

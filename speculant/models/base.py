@@ -68,6 +68,18 @@ class CausalLM(ABC):
     ) -> torch.Tensor:  # [T, hidden] last layer output, before the final norm
         ...
 
+    def forward_features(
+        self,
+        input_ids: torch.Tensor | None,  # [T]
+        positions: torch.Tensor,  # [T]
+        ctx: ForwardContext,
+        layers: tuple[int, ...],  # the layers whose outputs are exposed, in this order
+        input_embeds: torch.Tensor | None = None,  # [T, hidden]
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # [T, hidden] last layer output, [T, len(layers) * hidden]
+        """`forward`, also exposing the residual stream after each of `layers` (an eagle3 head's
+        input, `speculant.models.head_features`), concatenated in `layers`' order."""
+        raise ValueError(f"feature_layers: the {self.arch.family} model exposes no layer outputs (eagle3 heads read Llama-family targets)")
+
     @abstractmethod
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, hidden]
         ...

@@ -71,8 +71,13 @@ class LlamaVariantForCausalLM(LlamaForCausalLM):
         if hidden_states is not None:
             raise ValueError("hidden_states: a decoder takes no hidden-state input (draft heads do)")
         x = self.embed(input_ids) if input_embeds is None else input_embeds  # [T, hidden]
+        return self._segments(x, positions, ctx, [len(self.layers)])[0]
+
+    def _segments(self, x: torch.Tensor, positions, ctx: ForwardContext, ends: list[int]) -> list[torch.Tensor]:
+        """[T, hidden] the residual stream after each of `ends` layers (sorted; the last: all)."""
         full = self.rotary.lookup(positions)
         local = self.local_rotary.lookup(positions) if self.local_rotary is not self.rotary else full
+        out = []
         for i, layer in enumerate(self.layers):
             sliding = i in self.sliding
             meta = ctx.window_meta if sliding and ctx.window_meta is not None else ctx.meta
@@ -82,7 +87,9 @@ class LlamaVariantForCausalLM(LlamaForCausalLM):
                 return ctx.backend.forward(q, k, v, ctx.k_cache[i], ctx.v_cache[i], meta, self.scale)
 
             x = variant_layer(self.arch, layer, x, cos, sin, attend)
-        return x
+            if i + 1 in ends:
+                out.append(x)
+        return out
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab]
         logits = super().compute_logits(hidden)
