@@ -54,10 +54,9 @@ class Executor:
         if spec.own_head:
             return own_head_runner(base, spec.config)
         head = self._checked_head(spec, base)
-        runner = build_head_runner(head, base, spec.config)
         if head.config.feature_layers:  # an eagle3 head: the base's forwards expose those layers
             self.expose_features(spec.head_of, head.config.feature_layers)
-        return runner
+        return build_head_runner(head, base, spec.config)
 
     def _checked_head(self, spec: ModelSpec, base: ModelRunner):
         """`loading.checked_head`, with the target's sha256 for a head over the target."""
@@ -68,7 +67,9 @@ class Executor:
         """From now on `model`'s forwards return as `hidden` its residual stream after each of
         `layers`, concatenated ([T, len(layers) * hidden], `CausalLM.forward_features`), in place
         of its last layer's states: what an eagle3 head reads. Logits are unchanged."""
-        layers = tuple(layers)
+        layers, family = tuple(layers), self.arch(model).family
+        if not self._runner(model).model.exposes_layers:
+            raise ValueError(f"feature_layers: the {family} model exposes no layer outputs (eagle3 heads read Llama-family targets)")
         if self._features.get(model, layers) != layers:
             raise ValueError(f"feature_layers: the {model} model already exposes layers {list(self._features[model])}, not {list(layers)}")
         self._features[model] = layers

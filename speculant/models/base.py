@@ -39,6 +39,7 @@ class CausalLM(ABC):
 
     arch: ArchConfig
     attention_backends: tuple[str, ...] | None = None  # the backends it runs on; None: any
+    exposes_layers: bool = False  # whether `forward_features` runs (an eagle3 head can read it)
 
     def head_block(self, weights: dict[str, torch.Tensor]) -> HeadBlock | None:
         """The family's own decoder block built from a draft head's `layer.*` weights, for heads

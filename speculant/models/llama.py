@@ -37,6 +37,7 @@ class LayerWeights:
 
 
 class LlamaForCausalLM(CausalLM):
+    exposes_layers = True
     def __init__(self, arch: ArchConfig, device: torch.device, dtype: torch.dtype, weights: str = "fp32") -> None:
         self.arch, self.device, self.dtype, self.weights_mode = arch, device, dtype, weights
         self.rotary = RotaryEmbedding(arch, device, dtype)
