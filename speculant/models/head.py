@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from speculant.config import ArchConfig
 from speculant.layers.linear import DenseLinear, linear, make_linear
 from speculant.layers.rotary import RotaryEmbedding
+from speculant.models import native_stack
 from speculant.models.base import CausalLM, ForwardContext
 from speculant.models.deepseek_v3 import (
     expanded_attend,
@@ -136,8 +137,18 @@ def _block(weights: dict[str, torch.Tensor], arch: ArchConfig, linear: MakeLinea
         get = lambda name, dtype=None: _take(weights, "layer." + name)  # noqa: E731
         mla = load_mla_layer(arch, get, lambda w: linear(w, None))
         return lambda x, cos, sin, attend: mla_decoder_layer(arch, mla, x, cos, sin, expanded_attend(arch, mla, attend))
-    layer = _llama_layer(weights, arch, linear)
-    return lambda x, cos, sin, attend: decoder_layer(arch, layer, x, cos, sin, attend)
+    return LlamaBlock(arch, _llama_layer(weights, arch, linear))
+
+
+@dataclass
+class LlamaBlock:
+    """The Llama decoder layer as a head's block; its weights are there for the native stack."""
+
+    arch: ArchConfig
+    layer: LayerWeights
+
+    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
+        return decoder_layer(self.arch, self.layer, x, cos, sin, attend)
 
 
 def _take(weights: dict[str, torch.Tensor], name: str) -> torch.Tensor:
@@ -209,10 +220,14 @@ class DraftHead(CausalLM):
         params = {k: v.to(device, dtype) for k, v in weights.items() if k != "vocab_map"}
         self.block = target.head_block(params)  # the target family's own block, or None: a Llama one
         self.attention_backends = target.attention_backends
-        make = lambda w, b: make_linear(w, b, weights_mode, dtype)  # noqa: E731
+        mode = _head_mode(target, weights_mode)
+        make = lambda w, b: make_linear(w, b, mode, dtype)  # noqa: E731
         self.modules = build_modules(params, self.arch, variant, make, with_layer=self.block is None)
-        lm_head = getattr(target, "lm_head", None)
-        self.lm_head_weight = lm_head.weight if isinstance(lm_head, DenseLinear) else None  # shared, never copied
+        self.device, self.dtype = device, dtype
+        block = self.modules.block
+        self.layers = [block.layer] if isinstance(block, LlamaBlock) else []  # what `native_stack` runs
+        self._stack = False  # built at the first forward: None where it cannot run
+        self.draft_lm_head = None if self.vocab_map is None else _draft_lm_head(target, self.vocab_map, mode, dtype)
 
     def load_weights(self, weights: dict) -> None:
         raise TypeError("a DraftHead is built from its weights (speculant.models.head_file.load_head)")
@@ -227,11 +242,17 @@ class DraftHead(CausalLM):
         if self.block is not None:
             return self.block(head_input(self.arch, self.modules, embeds, hidden_states), positions, ctx)
         cos, sin = self.rotary.lookup(positions)
+        x = head_input(self.arch, self.modules, embeds, hidden_states)  # [T, hidden]
+        if self.layers and native_stack.runs(ctx, x):
+            if self._stack is False:
+                self._stack = native_stack.build(self)
+            if self._stack is not None:  # the layer in one native call, bits as the layer loop's
+                return native_stack.forward(self._stack, x, cos, sin, ctx)
 
         def attend(q, k, v):
             return ctx.backend.forward(q, k, v, ctx.k_cache[0], ctx.v_cache[0], ctx.meta, self.scale)
 
-        return head_forward(self.arch, self.modules, embeds, hidden_states, cos, sin, attend)
+        return self.modules.block(x, cos, sin, attend)
 
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
         m = self.modules
@@ -240,10 +261,33 @@ class DraftHead(CausalLM):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab] float32
         if self.vocab_map is None:
             return self.target.lm_head(self.final_norm(hidden)).float()
-        if self.lm_head_weight is None:  # a quantized lm_head: score every row, keep the map's
+        if self.draft_lm_head is None:  # an untied quantized lm_head: score every row, keep the map's
             scores = self.target.lm_head(self.final_norm(hidden)).float().index_select(1, self.vocab_map)
-        else:  # the map's rows of the shared lm_head, gathered per call: no lasting copy
-            rows = self.lm_head_weight.index_select(0, self.vocab_map)  # [Nk, hidden]
-            scores = linear(self.final_norm(hidden), rows).float()
+        else:
+            scores = self.draft_lm_head(self.final_norm(hidden)).float()  # [N, Nk]
         logits = scores.new_full((hidden.shape[0], self.arch.vocab_size), float("-inf"))
         return logits.index_copy_(1, self.vocab_map, scores)
+
+
+def _head_mode(target: CausalLM, weights_mode: str) -> str:
+    """The head's weight mode: the target's, except that under "auto" a head (float weights)
+    over a target whose lm_head is quantized runs int8 products, as cheap next to the target's
+    step as the target's own quantized products are."""
+    quantized = not isinstance(getattr(target, "lm_head", None), DenseLinear | None)
+    return "int8" if weights_mode == "auto" and quantized else weights_mode
+
+
+def _draft_lm_head(target: CausalLM, vocab_map: torch.Tensor, weights_mode: str, dtype: torch.dtype):
+    """The product over the map's rows of the target's lm_head, built once: a step's head runs
+    score Nk rows, not the whole vocabulary (nor gather the rows per call). Int8 where the
+    target's lm_head is quantized, else in the head's weight mode; None where the rows cannot be
+    read back (an untied quantized lm_head)."""
+    lm_head = getattr(target, "lm_head", None)
+    if isinstance(lm_head, DenseLinear):
+        weight = lm_head.weight
+    elif target.arch.tie_word_embeddings and isinstance(getattr(target, "embed_tokens", None), torch.Tensor):
+        weight = target.embed_tokens
+    else:
+        return None
+    rows = weight.index_select(0, vocab_map).float()  # [Nk, hidden]
+    return make_linear(rows, None, weights_mode if isinstance(lm_head, DenseLinear) else "int8", dtype)

@@ -52,10 +52,11 @@ def setup(variant="normed", vocab_map=None, kind="llama"):
     return ckpt, executor, weights
 
 
-def test_head_shares_the_targets_embedding_and_lm_head():
-    ckpt, executor, _ = setup(vocab_map=torch.tensor([3, 5, 7]))
+def test_head_shares_the_targets_embedding_and_scores_its_lm_head_rows():
+    vocab_map = torch.tensor([3, 5, 7])
+    ckpt, executor, _ = setup(vocab_map=vocab_map)
     target, head = executor.runner().model, executor.runner("head").model
-    assert head.lm_head_weight.data_ptr() == target.lm_head.weight.data_ptr()
+    assert torch.equal(head.draft_lm_head.weight, target.lm_head.weight[vocab_map])  # its own product over the map's rows
     ids = torch.tensor([4, 9])
     assert torch.equal(head.embed(ids), target.embed(ids))
     assert head.arch.num_layers == 1 and executor.runner("head").kv.k.shape[0] == 1
@@ -83,6 +84,28 @@ def test_paged_forward_equals_training_math(variant, kind):
     dense_logits = head_logits(arch, m, dense_out, ckpt.weights["lm_head.weight"])
     torch.testing.assert_close(paged_out, dense_out, atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(paged_logits, dense_logits, atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("weights", ["fp32", "int8"])
+def test_native_stack_equals_the_layer_loop_bit_for_bit(weights):
+    """Where the native stack can run the head's layer it does, with the layer loop's bits."""
+    ckpt = TinyCheckpoint(tiny_hf_model("llama"))
+    config = ModelConfig(model="tiny", weights=weights)
+    executor = Executor(build_runner(ckpt, config), lambda: checkpoint_sha256(ckpt))
+    weights_ = init_head_weights(head_arch(ckpt.arch), "normed", seed=3, std=0.1)
+    head_cfg = HeadFileConfig("normed", "tiny", checkpoint_sha256(ckpt), ckpt.arch.hidden_size, 0)
+    executor.add_model(ModelSpec("head", config, HeadCheckpoint(head_cfg, weights_), head_of=TARGET))
+    executor.allocate_kv(num_pages=16, page_size=4)
+    head = executor.runner("head").model
+    hidden = torch.randn(5, ckpt.arch.hidden_size, generator=torch.Generator().manual_seed(1))
+    plan = ForwardPlan("head", [SeqInput([4, 8, 9, 1, 3], 0, [0, 1], logits="all")], hidden_states=hidden)
+    stacked = executor.run(plan)
+    assert head._stack is not False, "the forward did not reach the native stack"
+    if head._stack is None:
+        pytest.skip("the native kernels are not built here")
+    head._stack = None  # the layer loop from now on
+    looped = executor.run(plan)
+    assert torch.equal(stacked.hidden, looped.hidden) and torch.equal(stacked.logits, looped.logits)
 
 
 def test_device_token_ids_replace_the_plans():
