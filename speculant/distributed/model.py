@@ -19,7 +19,7 @@ from speculant.config import ArchConfig
 from speculant.distributed.group import TPGroup
 from speculant.distributed.sharding import pad_rows, shard_arch, shard_weights
 from speculant.layers.linear import Linear
-from speculant.models.head import DraftHead
+from speculant.models.draft_head import DraftHead
 from speculant.models.llama import LayerWeights, LlamaForCausalLM, decoder_layer
 
 _VOCAB_WEIGHTS = ("model.embed_tokens.weight", "lm_head.weight")

@@ -39,7 +39,7 @@ def build_runner(checkpoint, model_config: ModelConfig) -> ModelRunner:
 
 def build_head_runner(head, base: ModelRunner, model_config: ModelConfig) -> ModelRunner:
     """A draft head (`speculant.loader.head_file.HeadCheckpoint`) over `base`'s embedding and lm_head."""
-    from speculant.models.head import DraftHead
+    from speculant.models.draft_head import DraftHead
 
     device, dtype = base.device, base.dtype
     model = DraftHead(base.model, head.config.variant, head.weights, device, dtype, model_config.weights)

@@ -2,18 +2,22 @@
 
 Head entry i (RoPE position i, KV slot i of the sequence) reads the target's last-layer state h_i
 (before the final norm) and the embedding of the next token t_{i+1}; its output predicts t_{i+2}.
-For a second draft the head reads its own output in place of h_{i+1}. Two variants, one flag apart:
+For a second draft the head reads its own output in place of h_{i+1}. Three variants:
 
 - ``normed`` (DeepSeek-V3's MTP module): RMSNorm on the embedding (enorm) and on the hidden state
   (hnorm), concat, projection (eh_proj), the decoder layer, an RMSNorm before the lm_head;
 - ``eagle`` (the original EAGLE head): concat of the raw embedding and hidden state, projection, the
-  decoder layer, the lm_head; no norms of its own.
+  decoder layer, the lm_head; no norms of its own;
+- ``eagle3`` (EAGLE-3): ``normed`` reading, in place of h_i, three target layers' outputs fused
+  (`speculant.models.head_features`: fused by width, so its own outputs go in unfused), and
+  scoring with an lm_head of its own (``lm_head.weight``, trained).
 
-The embedding and lm_head are the target's tensors, never copied. With a reduced draft vocabulary
-(`vocab_map`, sorted target ids) the head scores only those rows of the target's lm_head, selected
-per call, and puts -inf elsewhere: its q is zero outside the map, which the lossless acceptance
-rule handles. The math below (`build_modules`, `head_forward`, `head_logits`) is what inference
-and training both run; training passes trainable tensors and a causal-mask `attend`.
+The embedding and lm_head are the target's tensors, never copied (eagle3: the embedding). With a
+reduced draft vocabulary (`vocab_map`, sorted target ids) the head scores only those rows of the
+lm_head (eagle3's own has just those rows) and puts -inf elsewhere: its q is zero outside the map,
+which the lossless acceptance rule handles. The math below (`build_modules`, `head_forward`,
+`head_logits`) is what inference (`speculant.models.draft_head.DraftHead`) and training both run;
+training passes trainable tensors and a causal-mask `attend`.
 """
 
 from __future__ import annotations
@@ -26,19 +30,23 @@ import torch
 import torch.nn.functional as F
 
 from speculant.config import ArchConfig
-from speculant.layers.linear import DenseLinear, linear, make_linear
-from speculant.layers.rotary import RotaryEmbedding
-from speculant.models import native_stack
-from speculant.models.base import CausalLM, ForwardContext
 from speculant.models.deepseek_v3 import (
     expanded_attend,
     load_mla_layer,
     mla_decoder_layer,
     mtp_layer_shapes,
 )
+from speculant.models.head_features import (
+    FEATURE_VARIANT,
+    FeatureFusion,
+    build_fusion,
+    feature_weight_shapes,
+    fuse_if_features,
+)
 from speculant.models.llama import Attend, LayerWeights, decoder_layer
 
-HEAD_VARIANTS = ("normed", "eagle")
+HEAD_VARIANTS = ("normed", "eagle", FEATURE_VARIANT)
+NORMED = ("normed", FEATURE_VARIANT)  # the variants with enorm, hnorm and a final norm
 Product = Callable[[torch.Tensor], torch.Tensor]
 MakeLinear = Callable[[torch.Tensor, torch.Tensor | None], Product]
 Block = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Attend], torch.Tensor]  # x, cos, sin, attend -> x
@@ -49,15 +57,18 @@ def head_arch(target: ArchConfig) -> ArchConfig:
     return dataclasses.replace(target, num_layers=1)
 
 
-def head_weight_shapes(arch: ArchConfig, variant: str, with_layer: bool = True) -> dict[str, tuple[int, ...]]:
+def head_weight_shapes(arch: ArchConfig, variant: str, with_layer: bool = True, draft_vocab: int = 0) -> dict[str, tuple[int, ...]]:
     """Every trainable tensor of a head, by name (DeepSeek MTP names; the layer's Hugging Face names,
-    Llama's or, for a DeepSeek-V3 target, its MTP block's; `with_layer=False`: the head's own tensors alone, for a block of the target's family)."""
+    Llama's or, for a DeepSeek-V3 target, its MTP block's; `with_layer=False`: the head's own tensors alone, for a block of the target's family;
+    `draft_vocab`: the rows of an eagle3 head's lm_head, 0 for the whole vocabulary)."""
     if variant not in HEAD_VARIANTS:
         raise ValueError(f"head variant must be one of {list(HEAD_VARIANTS)}, got {variant!r}")
     h = arch.hidden_size
     shapes: dict[str, tuple[int, ...]] = {"eh_proj.weight": (h, 2 * h)}
-    if variant == "normed":
+    if variant in NORMED:
         shapes.update({"enorm.weight": (h,), "hnorm.weight": (h,), "norm.weight": (h,)})
+    if variant == FEATURE_VARIANT:
+        shapes.update(feature_weight_shapes(arch, draft_vocab))
     if not with_layer:
         return shapes
     if arch.mla is not None:  # a DeepSeek-V3 target: its MTP module's block (MLA, MoE)
@@ -83,12 +94,18 @@ def _llama_layer_shapes(a: ArchConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def init_head_weights(arch: ArchConfig, variant: str, seed: int = 0, std: float = 0.02) -> dict[str, torch.Tensor]:
-    """Fresh fp32 weights: norms 1, biases 0, matrices (and stacked experts) N(0, std)."""
+def init_head_weights(
+    arch: ArchConfig, variant: str, seed: int = 0, std: float = 0.02, draft_vocab: int = 0, lm_head: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
+    """Fresh fp32 weights: norms 1, biases 0, matrices (and stacked experts) N(0, std); an eagle3
+    head's lm_head [draft_vocab or vocab, hidden] a copy of `lm_head` (the target's rows) if given."""
     g = torch.Generator().manual_seed(seed)
     out = {}
-    for name, shape in head_weight_shapes(arch, variant).items():
-        if len(shape) >= 2:
+    rows = draft_vocab if lm_head is None else lm_head.shape[0]
+    for name, shape in head_weight_shapes(arch, variant, draft_vocab=rows).items():
+        if name == "lm_head.weight" and lm_head is not None:
+            out[name] = lm_head.detach().float().clone()
+        elif len(shape) >= 2:
             out[name] = torch.randn(shape, generator=g) * std
         else:
             out[name] = torch.zeros(shape) if name.endswith("bias") else torch.ones(shape)
@@ -102,9 +119,11 @@ class HeadModules:
     variant: str
     eh_proj: Product  # [2 * hidden] -> [hidden]
     block: Block | None  # None: the block is the target family's own, run by the model (`CausalLM.head_block`)
-    enorm: torch.Tensor | None  # [hidden] (normed variant)
+    enorm: torch.Tensor | None  # [hidden] (normed variants)
     hnorm: torch.Tensor | None
     norm: torch.Tensor | None
+    fuse: FeatureFusion | None = None  # eagle3: the target's feature layers [T, 3 * hidden] -> [T, hidden]
+    lm_head: Product | None = None  # eagle3: its own lm_head, [hidden] -> [Nk] (or [vocab])
 
 
 def dense_product(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Product:
@@ -120,13 +139,15 @@ def build_modules(
     missing = sorted(set(head_weight_shapes(arch, variant, with_layer)) - set(weights))
     if missing:
         raise KeyError(f"head weights lack {missing[:4]}")
-    normed = variant == "normed"
+    normed, fused = variant in NORMED, variant == FEATURE_VARIANT
     block = _block(weights, arch, linear) if with_layer else None
     return HeadModules(
         variant, linear(weights["eh_proj.weight"], None), block,
         weights["enorm.weight"] if normed else None,
         weights["hnorm.weight"] if normed else None,
         weights["norm.weight"] if normed else None,
+        build_fusion(weights, arch, linear) if fused else None,
+        linear(weights["lm_head.weight"], None) if fused else None,
     )
 
 
@@ -175,7 +196,7 @@ def head_forward(
     arch: ArchConfig,
     m: HeadModules,
     embeds: torch.Tensor,  # [T, hidden] embeddings of the next tokens t_{i+1}
-    hidden: torch.Tensor,  # [T, hidden] h_i: the target's states (or the head's own outputs)
+    hidden: torch.Tensor,  # [T, hidden] h_i: the target's states (or the head's own outputs); eagle3: [T, 3 * hidden] features
     cos: torch.Tensor,  # [T, 1, head_dim] rotary tables at the entries' positions
     sin: torch.Tensor,
     attend: Attend,
@@ -184,8 +205,10 @@ def head_forward(
 
 
 def head_input(arch: ArchConfig, m: HeadModules, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-    """[T, hidden] the block's input: eh_proj over the (normed) embedding and hidden state."""
+    """[T, hidden] the block's input: eh_proj over the (normed) embedding and hidden state (an
+    eagle3 head's [T, 3 * hidden] target features fused to [T, hidden] first)."""
     eps, shape = arch.rms_norm_eps, (arch.hidden_size,)
+    hidden = fuse_if_features(m.fuse, hidden)
     if m.enorm is not None:
         embeds = F.rms_norm(embeds, shape, m.enorm, eps)
         hidden = F.rms_norm(hidden, shape, m.hnorm, eps)
@@ -196,98 +219,12 @@ def head_logits(
     arch: ArchConfig,
     m: HeadModules,
     out: torch.Tensor,  # [N, hidden] head output states
-    lm_head: torch.Tensor,  # [V, hidden] the target's lm_head weight
+    lm_head: torch.Tensor | None,  # [V, hidden] the target's lm_head weight (unused by eagle3: its own)
     vocab_map: torch.Tensor | None = None,  # [Nk] int64 target ids the head scores; None: all
 ) -> torch.Tensor:  # [N, Nk] (or [N, V]) in the states' dtype
     if m.norm is not None:
         out = F.rms_norm(out, (arch.hidden_size,), m.norm, arch.rms_norm_eps)
+    if m.lm_head is not None:  # eagle3: its own rows, already the draft vocabulary's
+        return m.lm_head(out)
     rows = lm_head if vocab_map is None else lm_head.index_select(0, vocab_map)
     return F.linear(out, rows)
-
-
-class DraftHead(CausalLM):
-    """A head as a model the executor runs: its own one-layer K/V in the shared pages, the
-    target's embedding and lm_head. `forward` requires `hidden_states`. Its decoder block is the
-    target family's own when the family builds one (`CausalLM.head_block`: DeepSeek-V3's MTP
-    module is a full MLA + MoE layer), else the Llama layer above."""
-
-    def __init__(self, target: CausalLM, variant: str, weights: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype, weights_mode: str = "fp32") -> None:
-        self.arch, self.target, self.variant = head_arch(target.arch), target, variant
-        self.scale = self.arch.head_dim**-0.5
-        self.rotary = RotaryEmbedding(self.arch, device, dtype)
-        vocab_map = weights.get("vocab_map")
-        self.vocab_map = None if vocab_map is None else vocab_map.to(device, torch.int64)
-        params = {k: v.to(device, dtype) for k, v in weights.items() if k != "vocab_map"}
-        self.block = target.head_block(params)  # the target family's own block, or None: a Llama one
-        self.attention_backends = target.attention_backends
-        mode = _head_mode(target, weights_mode)
-        make = lambda w, b: make_linear(w, b, mode, dtype)  # noqa: E731
-        self.modules = build_modules(params, self.arch, variant, make, with_layer=self.block is None)
-        self.device, self.dtype = device, dtype
-        block = self.modules.block
-        self.layers = [block.layer] if isinstance(block, LlamaBlock) else []  # what `native_stack` runs
-        self._stack = False  # built at the first forward: None where it cannot run
-        self.draft_lm_head = None if self.vocab_map is None else _draft_lm_head(target, self.vocab_map, mode, dtype)
-
-    def load_weights(self, weights: dict) -> None:
-        raise TypeError("a DraftHead is built from its weights (speculant.models.head_file.load_head)")
-
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.target.embed(input_ids)
-
-    def forward(self, input_ids, positions, ctx: ForwardContext, input_embeds=None, hidden_states=None) -> torch.Tensor:
-        if hidden_states is None:
-            raise ValueError("hidden_states: a draft head reads the target's hidden states")
-        embeds = self.embed(input_ids) if input_embeds is None else input_embeds  # [T, hidden]
-        if self.block is not None:
-            return self.block(head_input(self.arch, self.modules, embeds, hidden_states), positions, ctx)
-        cos, sin = self.rotary.lookup(positions)
-        x = head_input(self.arch, self.modules, embeds, hidden_states)  # [T, hidden]
-        if self.layers and native_stack.runs(ctx, x):
-            if self._stack is False:
-                self._stack = native_stack.build(self)
-            if self._stack is not None:  # the layer in one native call, bits as the layer loop's
-                return native_stack.forward(self._stack, x, cos, sin, ctx)
-
-        def attend(q, k, v):
-            return ctx.backend.forward(q, k, v, ctx.k_cache[0], ctx.v_cache[0], ctx.meta, self.scale)
-
-        return self.modules.block(x, cos, sin, attend)
-
-    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
-        m = self.modules
-        return hidden if m.norm is None else F.rms_norm(hidden, (self.arch.hidden_size,), m.norm, self.arch.rms_norm_eps)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab] float32
-        if self.vocab_map is None:
-            return self.target.lm_head(self.final_norm(hidden)).float()
-        if self.draft_lm_head is None:  # an untied quantized lm_head: score every row, keep the map's
-            scores = self.target.lm_head(self.final_norm(hidden)).float().index_select(1, self.vocab_map)
-        else:
-            scores = self.draft_lm_head(self.final_norm(hidden)).float()  # [N, Nk]
-        logits = scores.new_full((hidden.shape[0], self.arch.vocab_size), float("-inf"))
-        return logits.index_copy_(1, self.vocab_map, scores)
-
-
-def _head_mode(target: CausalLM, weights_mode: str) -> str:
-    """The head's weight mode: the target's, except that under "auto" a head (float weights)
-    over a target whose lm_head is quantized runs int8 products, as cheap next to the target's
-    step as the target's own quantized products are."""
-    quantized = not isinstance(getattr(target, "lm_head", None), DenseLinear | None)
-    return "int8" if weights_mode == "auto" and quantized else weights_mode
-
-
-def _draft_lm_head(target: CausalLM, vocab_map: torch.Tensor, weights_mode: str, dtype: torch.dtype):
-    """The product over the map's rows of the target's lm_head, built once: a step's head runs
-    score Nk rows, not the whole vocabulary (nor gather the rows per call). Int8 where the
-    target's lm_head is quantized, else in the head's weight mode; None where the rows cannot be
-    read back (an untied quantized lm_head)."""
-    lm_head = getattr(target, "lm_head", None)
-    if isinstance(lm_head, DenseLinear):
-        weight = lm_head.weight
-    elif target.arch.tie_word_embeddings and isinstance(getattr(target, "embed_tokens", None), torch.Tensor):
-        weight = target.embed_tokens
-    else:
-        return None
-    rows = weight.index_select(0, vocab_map).float()  # [Nk, hidden]
-    return make_linear(rows, None, weights_mode if isinstance(lm_head, DenseLinear) else "int8", dtype)
