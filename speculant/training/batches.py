@@ -1,7 +1,8 @@
 """Training batches from hidden-state shards: sequences packed into flat batches of head entries.
 
-A sequence t_0..t_{L-1} with target hidden states h_0..h_{L-1} gives L-1 head entries; entry i
-(RoPE position i) reads (h_i, embedding of t_{i+1}) and learns the target's distribution at
+A sequence t_0..t_{L-1} with target hidden states h_0..h_{L-1} (an eagle3 head's: the target's
+feature layers, [3H] a token) gives L-1 head entries; entry i (RoPE position i) reads (h_i,
+embedding of t_{i+1}) and learns the target's distribution at
 position i+1 (what t_{i+2} should be), the alignment the MTP proposer uses at inference. With an
 unrolled step s >= 2, entry i reads the head's own step s-1 output at entry i-1 instead of h_i
 (the draft chain), and is trained only where that chain starts at an accepted position in the
@@ -32,11 +33,11 @@ class Batch:
     local: torch.Tensor  # [T] int64 entry index i within its sequence (the RoPE position)
     prompt_lens: torch.Tensor  # [T] int64 the entry's sequence's prompt length
     lengths: torch.Tensor  # [T] int64 the entry's sequence's token count
-    hidden_in: torch.Tensor  # [T, H] float32 h_i
+    hidden_in: torch.Tensor  # [T, H] float32 h_i (eagle3: [T, 3H] the target's feature layers at i)
     embed_ids: torch.Tensor  # [T] int64 t_{i+1}
     label_ids: torch.Tensor  # [T, K] int64 the target's top-K ids at position i+1
     label_logprobs: torch.Tensor  # [T, K] float32
-    hidden_next: torch.Tensor  # [T, H] float32 h_{i+1}, the regression target
+    hidden_next: torch.Tensor  # [T, H] float32 h_{i+1}, the regression target ([T, 0] without regression)
 
     @property
     def num_entries(self) -> int:
@@ -113,8 +114,9 @@ class BatchPlan:
         return epoch + step / len(self._epoch(epoch))
 
 
-def build_batch(shards: list[dict], refs: list[SeqRef], indices: list[int], max_entries: int) -> Batch:
-    """The flat batch of the sequences `indices` (each cut to max_entries entries)."""
+def build_batch(shards: list[dict], refs: list[SeqRef], indices: list[int], max_entries: int, regress: bool = True) -> Batch:
+    """The flat batch of the sequences `indices` (each cut to max_entries entries); `regress=False`
+    leaves out the regression targets (an eagle3 head's shards hold feature layers)."""
     parts: dict[str, list[torch.Tensor]] = {k: [] for k in Batch.__dataclass_fields__}
     for b, i in enumerate(indices):
         ref, shard = refs[i], shards[refs[i].shard]
@@ -129,6 +131,6 @@ def build_batch(shards: list[dict], refs: list[SeqRef], indices: list[int], max_
         parts["embed_ids"].append(shard["tokens"][nxt].long())
         parts["label_ids"].append(shard["topk_ids"][nxt].long())
         parts["label_logprobs"].append(shard["topk_logprobs"][nxt].float())
-        parts["hidden_next"].append(shard["hidden"][nxt].float())
+        parts["hidden_next"].append(shard["hidden"][nxt].float() if regress else torch.empty(n, 0))
     return Batch(**{k: torch.cat(v) for k, v in parts.items()})
 

@@ -25,11 +25,12 @@ import torch.distributed as dist
 
 from speculant.config import ModelConfig
 from speculant.models.head import HEAD_VARIANTS
+from speculant.models.head_features import parse_feature_layers
 from speculant.training.trainer import TrainOptions
 
 STAGES = ("self-prompts", "responses", "hidden", "train")
 _TRAIN_HELP = {
-    "variant": "head variant: normed (DeepSeek MTP norms) or eagle (original EAGLE)",
+    "variant": "head variant: normed (DeepSeek MTP norms), eagle (original EAGLE) or eagle3 (EAGLE-3: three target layers fused, its own lm_head)",
     "draft_vocab": "keep the N most frequent response tokens as the draft vocabulary (0: full)",
     "unroll": "train draft positions 1..S, positions >= 2 on the head's own outputs",
     "steps": "optimizer steps",
@@ -39,12 +40,14 @@ _TRAIN_HELP = {
     "min_lr_ratio": "the cosine ends at lr times this",
     "weight_decay": "AdamW weight decay",
     "grad_clip": "gradient norm clip",
-    "hidden_weight": "weight of the smooth-L1 regression of the head's output to the target's next hidden state",
+    "hidden_weight": "weight of the smooth-L1 regression of the head's output to the target's next hidden state (eagle3: ignored, no regression)",
     "seed": "head init and data order seed",
     "checkpoint_every": "steps between checkpoints",
     "heldout": "conversations kept out of training; KL and top-1 agreement on them logged every checkpoint (val_* in train_log.csv)",
     "init_layer": "start the head's decoder layer as a copy of the target's layer N (-1: random init)",
+    "feature_layers": "eagle3: the three target layers read, e.g. 2,15,27 (default: 2,L/2,L-3 of an L-layer target)",
 }
+_TYPES = {"feature_layers": parse_feature_layers}  # options whose flag is not their default's type
 
 
 def add_train_head_arguments(p: argparse.ArgumentParser) -> None:
@@ -67,7 +70,8 @@ def add_train_head_arguments(p: argparse.ArgumentParser) -> None:
     for f in dataclasses.fields(TrainOptions):
         choices = HEAD_VARIANTS if f.name == "variant" else None
         flag = "--" + f.name.replace("_", "-")
-        p.add_argument(flag, type=type(f.default), default=f.default, choices=choices, help=_TRAIN_HELP[f.name])
+        kind = _TYPES.get(f.name, type(f.default))
+        p.add_argument(flag, type=kind, default=f.default, choices=choices, help=_TRAIN_HELP[f.name])
 
 
 def train_options(args: argparse.Namespace) -> TrainOptions:
@@ -98,7 +102,7 @@ def run_train_head(args: argparse.Namespace) -> int:
     held_aside = examples[len(examples) - args.validate_prompts :] if args.validate_prompts else []
     examples = examples[: len(examples) - len(held_aside)]
     if rank == 0:
-        _data_stages(args, checkpoint, model_config, examples, out)
+        _data_stages(args, checkpoint, model_config, examples, out, options.layers_read(checkpoint.arch.num_layers))
     if world > 1:
         dist.barrier()
     if args.stop_after in ("responses", "hidden"):
@@ -113,7 +117,7 @@ def run_train_head(args: argparse.Namespace) -> int:
     return 0
 
 
-def _data_stages(args, checkpoint, model_config: ModelConfig, examples, out: pathlib.Path) -> None:
+def _data_stages(args, checkpoint, model_config: ModelConfig, examples, out: pathlib.Path, feature_layers: tuple[int, ...]) -> None:
     from speculant.training.data import RESPONSES_FILE, read_responses
     from speculant.training.hidden import HiddenOptions, precompute, sequences_from_responses
 
@@ -123,7 +127,7 @@ def _data_stages(args, checkpoint, model_config: ModelConfig, examples, out: pat
     wanted = {ex.id for ex in examples}
     rows = [r for r in read_responses(out / RESPONSES_FILE) if r["id"] in wanted]
     sequences = sequences_from_responses(rows, args.max_seq_len)
-    options = HiddenOptions(top_k=args.top_k, max_seq_len=args.max_seq_len)
+    options = HiddenOptions(top_k=args.top_k, max_seq_len=args.max_seq_len, feature_layers=feature_layers)
     precompute(checkpoint, model_config, sequences, out / "hidden", options, progress=not args.no_progress)
 
 

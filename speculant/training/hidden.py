@@ -3,12 +3,15 @@
 Each conversation (prompt + response token ids from `responses.jsonl`) runs as a prefill through
 `Executor.run` with logits for every token. Per token we keep the last-layer hidden state before
 the final norm (bf16) and the target's next-token distribution as its top-K ids and log-probs.
+For an eagle3 head (`feature_layers`) the executor exposes the target's feature layers, as it does
+at inference (`Executor.expose_features`), and `hidden` holds those layers' states instead.
 Sequences are written in order as safetensors shards of about `shard_tokens` tokens:
 
-    tokens [T] int32, hidden [T, H] bf16, topk_ids [T, K] int32, topk_logprobs [T, K] fp16,
-    cu_seqlens [B + 1] int64, prompt_lens [B] int64
+    tokens [T] int32, hidden [T, H] bf16 ([T, 3H] feature layers), topk_ids [T, K] int32,
+    topk_logprobs [T, K] fp16, cu_seqlens [B + 1] int64, prompt_lens [B] int64
 
-`manifest.json` lists finished shards; a rerun keeps them and continues from the next sequence.
+`manifest.json` lists finished shards and the layers stored; a rerun keeps them and continues
+from the next sequence (one made for other layers is refused: delete the folder to recompute).
 `token_counts.safetensors` holds how often each target token occurs in the responses, so the
 trainer can keep the N most frequent as a reduced draft vocabulary for any N.
 """
@@ -43,6 +46,7 @@ class HiddenOptions:
     forward_tokens: int = 1024  # tokens per prefill forward (sequences packed up to this)
     shard_tokens: int = 65536  # tokens per shard file
     page_size: int = 16
+    feature_layers: tuple[int, ...] = ()  # the target layers stored per token (eagle3); (): the last layer
 
 
 @dataclass(frozen=True)
@@ -73,13 +77,16 @@ class TargetPrefill:
 
     def __init__(self, checkpoint, model_config: ModelConfig, options: HiddenOptions) -> None:
         self.executor = Executor(build_runner(checkpoint, model_config))
+        if options.feature_layers:  # the features an eagle3 head reads, by the inference path
+            self.executor.expose_features(TARGET, options.feature_layers)
         self.options = options
         ps = options.page_size
         pages = math.ceil((options.forward_tokens + options.max_seq_len) / ps) + _MAX_SEQS_PER_FORWARD
         self.executor.allocate_kv(pages, ps)
 
     def run(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """hidden [T, H], topk_ids [T, K], topk_logprobs [T, K] over the sequences concatenated."""
+        """hidden [T, H] (or [T, 3H] feature layers), topk_ids [T, K], topk_logprobs [T, K] over
+        the sequences concatenated."""
         inputs, next_page, ps = [], 0, self.options.page_size
         for seq in seqs:
             n = math.ceil(len(seq.tokens) / ps)
@@ -124,9 +131,14 @@ def _open_manifest(out_dir, checkpoint, model_config, options, num_sequences: in
         "model": model_config.model, "dtype": model_config.dtype, "num_sequences": num_sequences,
         "hidden_size": checkpoint.arch.hidden_size, "vocab_size": checkpoint.arch.vocab_size, **asdict(options),
     }
+    settings["feature_layers"] = list(options.feature_layers)  # as JSON reads it back
     path = out_dir / MANIFEST
     if path.exists():
         manifest = json.loads(path.read_text())
+        stored = manifest["settings"].setdefault("feature_layers", [])  # absent: made before eagle3, the last layer's
+        if stored != settings["feature_layers"]:
+            what = lambda ls: f"feature layers {ls}" if ls else "the last layer"  # noqa: E731
+            raise ValueError(f"{path}: holds the states of {what(stored)}, this run needs {what(settings['feature_layers'])}; delete {out_dir} to recompute them")
         changed = {k: (manifest["settings"].get(k), v) for k, v in settings.items() if manifest["settings"].get(k) != v}
         changed.pop("forward_tokens", None)  # batching does not change what is stored
         if changed:

@@ -4,6 +4,9 @@ proposer runs) with trainable weights, the target's embedding and lm_head frozen
 Loss per trained entry = soft cross-entropy of the head's logits against the target's top-K
 distribution (renormalized over the kept draft vocabulary) + `hidden_weight` * smooth-L1 of the
 head's output to h_{i+1}, summed over unroll steps and divided by the global batch's entry count.
+An eagle3 head reads the target's feature layers [T, 3H] at step 1 (fused by the head's fc, by
+width) and its own outputs [T, H] after; it has no regression term, and its own lm_head (a
+trained weight, `lm_head.weight`) scores the draft vocabulary.
 
 Attention of unroll step s (the draft chain, as at inference): entry j attends to step-1 entries
 of its sequence at positions <= j - s + 1 (what the target's hidden states filled) and to the one
@@ -76,7 +79,7 @@ class HeadObjective(nn.Module):
             out = head_forward(self.arch, modules, embeds, hidden, cos, sin, attend)  # [T, H]
             rows = batch.step_mask(step).nonzero().squeeze(1)
             ce, entropy, correct = self._soft_ce(modules, out[rows], batch.label_ids[rows], batch.label_logprobs[rows])
-            reg = F.smooth_l1_loss(out[rows], batch.hidden_next[rows], reduction="none").mean(-1)  # [n]
+            reg = _regression(out[rows], batch.hidden_next[rows])  # [n]
             total = total + ce.sum() + self.hidden_weight * reg.sum()
             metrics[f"ce_{step}"] = float(ce.detach().sum())
             metrics[f"kl_{step}"] = float((ce.detach() - entropy).sum())
@@ -126,6 +129,13 @@ class HeadObjective(nn.Module):
             return torch.cat(outs)
 
         return attend
+
+
+def _regression(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:  # [n, H], [n, H] or [n, 0] -> [n]
+    """Smooth-L1 of each output row to its target; zeros where the batch has no targets (eagle3)."""
+    if target.shape[-1] == 0:
+        return out.new_zeros(out.shape[0])
+    return F.smooth_l1_loss(out, target, reduction="none").mean(-1)
 
 
 def _blocks(seq_ids: torch.Tensor, target: int) -> list[tuple[int, int]]:

@@ -53,8 +53,11 @@ def _dense(weights: dict, name: str) -> torch.Tensor:
     return tensor.detach().float().requires_grad_(False)
 
 
-def save_trained_head(folder: pathlib.Path, model, target: TargetTensors, variant: str, training: dict[str, Any]) -> pathlib.Path:
-    """`model` (a HeadObjective) as a head file for `target`; `training` says how it was made."""
+def save_trained_head(
+    folder: pathlib.Path, model, target: TargetTensors, variant: str, training: dict[str, Any], feature_layers: tuple[int, ...] = (),
+) -> pathlib.Path:
+    """`model` (a HeadObjective) as a head file for `target`; `training` says how it was made;
+    `feature_layers`: the target layers an eagle3 head reads."""
     weights = {k: v.detach().clone() for k, v in model.head_weights().items()}
     vocab_map = model.vocab_map
     if vocab_map is not None:
@@ -66,5 +69,6 @@ def save_trained_head(folder: pathlib.Path, model, target: TargetTensors, varian
         hidden_size=target.arch.hidden_size,
         draft_vocab_size=0 if vocab_map is None else int(vocab_map.numel()),
         training=training,
+        feature_layers=feature_layers,
     )
     return save_head(folder, weights, config)

@@ -20,6 +20,11 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from speculant.models.head import HEAD_VARIANTS, init_head_weights
+from speculant.models.head_features import (
+    FEATURE_VARIANT,
+    check_feature_layers,
+    default_feature_layers,
+)
 from speculant.training.batches import (
     BatchPlan,
     SeqRef,
@@ -55,10 +60,16 @@ class TrainOptions:
     checkpoint_every: int = 100
     heldout: int = 0  # conversations kept out of training, scored every checkpoint (val_* columns)
     init_layer: int = -1  # copy the target's decoder layer N into the head's block; -1: random init
+    feature_layers: tuple[int, ...] = ()  # eagle3: the target layers read; (): (2, L // 2, L - 3)
 
     def __post_init__(self) -> None:
         if self.variant not in HEAD_VARIANTS:
             raise ValueError(f"variant must be one of {list(HEAD_VARIANTS)}, got {self.variant!r}")
+        object.__setattr__(self, "feature_layers", tuple(self.feature_layers))  # a list read back from a checkpoint
+        if self.feature_layers and self.variant != FEATURE_VARIANT:
+            raise ValueError(f"feature_layers: only the {FEATURE_VARIANT} variant reads feature layers, not {self.variant!r}")
+        if self.feature_layers:
+            check_feature_layers(self.feature_layers)  # the range: against the target, `layers_read`
         for name in ("unroll", "steps", "batch_tokens", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -67,6 +78,24 @@ class TrainOptions:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.init_layer < -1:
             raise ValueError(f"init_layer must be a layer index or -1 (random init), got {self.init_layer}")
+
+
+    def layers_read(self, num_layers: int) -> tuple[int, ...]:
+        """The target layers an eagle3 head reads (checked against the target's `num_layers`);
+        () for the variants that read the last layer's states."""
+        if not self.variant_reads_features:
+            return ()
+        return check_feature_layers(self.feature_layers or default_feature_layers(num_layers), num_layers)
+
+    @property
+    def variant_reads_features(self) -> bool:
+        return self.variant == FEATURE_VARIANT
+
+    @property
+    def regression_weight(self) -> float:
+        """`hidden_weight`, or 0 for eagle3: its input is the target's feature layers, so there is
+        no next state of its own kind to regress to (EAGLE-3 drops the feature loss)."""
+        return 0.0 if self.variant_reads_features else self.hidden_weight
 
 
 def lr_at(step: int, o: TrainOptions) -> float:
@@ -102,12 +131,14 @@ def train(
     device = device or torch.device("cpu")
     rank, world = _dist()
     out_dir.mkdir(parents=True, exist_ok=True)
-    _, shards = load_shards(hidden_dir)
+    manifest, shards = load_shards(hidden_dir)
+    layers = options.layers_read(target.arch.num_layers)
+    check_stored_layers(manifest, layers, hidden_dir)
     refs, heldout = split_heldout(sequence_refs(shards), options.heldout, options.seed)
     vocab_map = reduced_vocab(load_counts(hidden_dir), options.draft_vocab)
-    weights = {k: v.to(device) for k, v in start_weights(target, options).items()}
+    weights = {k: v.to(device) for k, v in start_weights(target, options, vocab_map).items()}
     model = HeadObjective(target.arch, options.variant, weights, target.embed.to(device), target.lm_head.to(device),
-                          None if vocab_map is None else vocab_map.to(device), options.unroll, options.hidden_weight)
+                          None if vocab_map is None else vocab_map.to(device), options.unroll, options.regression_weight)
     optimizer = torch.optim.AdamW(model.parameters(), lr=options.lr, betas=(0.9, 0.95), weight_decay=options.weight_decay)
     start = _resume(out_dir / CHECKPOINT, model, optimizer, options, device)
     ddp_devices = [device] if device.type == "cuda" else None
@@ -126,7 +157,8 @@ def train(
             _save_checkpoint(out_dir / CHECKPOINT, model, optimizer, options, step + 1)
     head_dir = out_dir / HEAD_DIR
     if rank == 0:
-        save_trained_head(head_dir, model, target, options.variant, {**asdict(options), "steps_done": end, **(record or {})})
+        notes = {**asdict(options), "steps_done": end, **(record or {})}
+        save_trained_head(head_dir, model, target, options.variant, notes, layers)
         plot_curves({options.variant: out_dir / CURVE}, out_dir / PLOT)
     if world > 1:
         dist.barrier()
@@ -137,7 +169,7 @@ def _train_step(runner, model, optimizer, shards, refs, plan, step, options, whe
     began = time.perf_counter()
     rank, world, device = where
     indices = plan.step(step)
-    batch = build_batch(shards, refs, indices[rank::world], options.batch_tokens).to(device)
+    batch = build_batch(shards, refs, indices[rank::world], options.batch_tokens, regress=not options.variant_reads_features).to(device)
     num_global = sum(trained_entries(refs[i], s, options.batch_tokens) for i in indices for s in range(1, options.unroll + 1))
     lr = lr_at(step, options)
     for group in optimizer.param_groups:
@@ -149,7 +181,7 @@ def _train_step(runner, model, optimizer, shards, refs, plan, step, options, whe
     optimizer.step()
     totals = _global_metrics(metrics, options.unroll, world)
     entries = sum(min(refs[i].length - 1, options.batch_tokens) for i in indices)
-    summed = sum(totals[f"ce_{s}"] + options.hidden_weight * totals[f"reg_{s}"] for s in range(1, options.unroll + 1))
+    summed = sum(totals[f"ce_{s}"] + options.regression_weight * totals[f"reg_{s}"] for s in range(1, options.unroll + 1))
     row = {"step": step + 1, "epoch": plan.epoch_of(step), "lr": lr, "loss": summed / max(num_global, 1),
            "grad_norm": grad_norm, "entries": entries, "seconds": time.perf_counter() - began}
     return row | per_entry(totals, options.unroll, ("ce", "kl", "acc", "reg"))
@@ -164,15 +196,25 @@ def per_entry(totals: dict[str, float], unroll: int, metrics: tuple[str, ...], p
     return out
 
 
-def start_weights(target: TargetTensors, options: TrainOptions) -> dict[str, torch.Tensor]:
+def start_weights(target: TargetTensors, options: TrainOptions, vocab_map: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Fresh head weights; with `init_layer` the block is a copy of that target layer and eh_proj
     starts as [I | I] / 2, so the block first reads the mean of the (normed) token embedding and
-    hidden state in the target's own residual basis, the basis the copied layer was trained on."""
-    weights = init_head_weights(target.arch, options.variant, options.seed)
+    hidden state in the target's own residual basis, the basis the copied layer was trained on.
+    An eagle3 head's own lm_head starts as the target's rows of the draft vocabulary `vocab_map`."""
+    rows = target.lm_head if vocab_map is None else target.lm_head.index_select(0, vocab_map)  # [Nk, H]
+    weights = init_head_weights(target.arch, options.variant, options.seed, lm_head=rows)
     if options.init_layer >= 0:
         eye = torch.eye(target.arch.hidden_size)
         weights |= target.layer(options.init_layer) | {"eh_proj.weight": torch.cat([eye, eye], dim=1) / 2}
     return weights
+
+
+def check_stored_layers(manifest: dict, layers: tuple[int, ...], hidden_dir: pathlib.Path) -> None:
+    """Refuse shards of other target layers than the head reads (`layers`; (): the last layer's)."""
+    stored = tuple(manifest["settings"].get("feature_layers", ()))
+    if stored != layers:
+        what = lambda ls: f"feature layers {list(ls)}" if ls else "the last layer"  # noqa: E731
+        raise ValueError(f"{hidden_dir}: holds the states of {what(stored)}, this head reads {what(layers)}; delete {hidden_dir} to recompute them")
 
 
 def split_heldout(refs: list[SeqRef], count: int, seed: int) -> tuple[list[SeqRef], list[SeqRef]]:
@@ -199,7 +241,8 @@ def evaluate(model: HeadObjective, shards, refs: list[SeqRef], options: TrainOpt
     plan = BatchPlan(refs, options.batch_tokens, options.seed)
     totals: dict[str, float] = {}
     for indices in plan.in_order():
-        _, metrics = model(build_batch(shards, refs, indices, options.batch_tokens).to(device), 1)
+        batch = build_batch(shards, refs, indices, options.batch_tokens, regress=not options.variant_reads_features)
+        _, metrics = model(batch.to(device), 1)
         for k, v in metrics.items():
             totals[k] = totals.get(k, 0.0) + v
     return per_entry(totals, options.unroll, _VAL_METRICS, "val_")
@@ -223,7 +266,8 @@ def _resume(path: pathlib.Path, model, optimizer, options: TrainOptions, device:
     if not path.exists():
         return 0
     state = torch.load(path, weights_only=True, map_location=device)
-    saved = {k: v for k, v in state["options"].items() if k not in ("steps", "checkpoint_every")}
+    saved = {"feature_layers": (), **{k: v for k, v in state["options"].items() if k not in ("steps", "checkpoint_every")}}
+    saved["feature_layers"] = tuple(saved["feature_layers"])  # absent from checkpoints older than eagle3
     now = {k: v for k, v in asdict(options).items() if k not in ("steps", "checkpoint_every")}
     if saved != now:
         changed = {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}

@@ -64,3 +64,30 @@ def test_evaluation_sets_are_refused(tmp_path, model_dir, capsys):
     bench.write_text(json.dumps({"prompt": "x"}) + "\n")
     assert main(_args(model_dir, bench, tmp_path / "out")) == 2
     assert "evaluation sets; never train on them" in capsys.readouterr().err
+
+
+def test_an_eagle3_head_trains_validates_and_resumes(tmp_path, model_dir, capsys):
+    data, out = _data(tmp_path), tmp_path / "out"
+    eagle3 = ("--variant", "eagle3", "--feature-layers", "0,1,1", "--unroll", "2", "--validate-prompts", "2", "--validate-k", "2")
+    assert main(_args(model_dir, data, out, *eagle3)) == 0
+    assert "validation: k=2: tau" in capsys.readouterr().err  # MTP through the engine, the target exposing its layers
+    assert json.loads((out / "hidden" / MANIFEST).read_text())["settings"]["feature_layers"] == [0, 1, 1]
+    head = load_head(out / "train" / "head")
+    assert head.config.variant == "eagle3" and head.config.feature_layers == (0, 1, 1)
+    assert head.weights["lm_head.weight"].shape == (50, 64)  # its own lm_head over the draft vocabulary
+    assert main(_args(model_dir, data, out, *eagle3, "--steps", "4")) == 0  # resumes, trains on
+    log = (out / "train" / "train_log.csv").read_text().splitlines()
+    assert [line.split(",")[0] for line in log[1:]] == ["1", "2", "3", "4"]
+    capsys.readouterr()
+    assert main(_args(model_dir, data, out, "--variant", "eagle3", "--feature-layers", "1,1,1")) == 2
+    assert "holds the states of feature layers [0, 1, 1], this run needs feature layers [1, 1, 1]; delete" in capsys.readouterr().err
+
+
+def test_bad_feature_layers_are_refused_by_name(tmp_path, model_dir, capsys):
+    data = _data(tmp_path)
+    assert main(_args(model_dir, data, tmp_path / "a", "--variant", "eagle3", "--feature-layers", "0,1")) == 2
+    assert "feature_layers: an eagle3 head reads 3 target layers, got [0, 1]" in capsys.readouterr().err
+    assert main(_args(model_dir, data, tmp_path / "b", "--variant", "eagle3", "--feature-layers", "0,1,7")) == 2
+    assert "feature_layers: the target has layers 0..1, got [0, 1, 7]" in capsys.readouterr().err
+    assert main(_args(model_dir, data, tmp_path / "c", "--feature-layers", "0,1,1")) == 2
+    assert "feature_layers: only the eagle3 variant reads feature layers, not 'normed'" in capsys.readouterr().err
