@@ -188,9 +188,10 @@ def ancestor_mask(parents: list[int]) -> np.ndarray:  # [n, n] bool
     return mask
 
 
-def target_states(hf_model, sequences: list[list[int]]):
+def target_states(hf_model, sequences: list[list[int]], feature_layers: tuple[int, ...] = ()):
     """[(hidden [T, H] before the final norm, logits [T, V])] of the tiny target over each
-    sequence, through the engine's own executor."""
+    sequence, through the engine's own executor; with `feature_layers`, hidden [T, 3H] those
+    layers' outputs (what an eagle3 head reads)."""
     from speculant.attention.batch import SeqInput
     from speculant.config import ModelConfig
     from speculant.executor.executor import Executor
@@ -198,6 +199,8 @@ def target_states(hf_model, sequences: list[list[int]]):
     from speculant.executor.plan import TARGET, ForwardPlan
 
     executor = Executor(build_runner(TinyCheckpoint(hf_model), ModelConfig(model="tiny")))
+    if feature_layers:
+        executor.expose_features(TARGET, feature_layers)
     longest = max(len(s) for s in sequences)
     executor.allocate_kv(num_pages=longest // 16 + 1, page_size=16)
     out = []
@@ -209,7 +212,8 @@ def target_states(hf_model, sequences: list[list[int]]):
 
 def fit_head(hf_model, sequences: list[list[int]], variant: str = "normed", steps: int = 300, seed: int = 0, vocab_map=None):
     """A draft head for the tiny target fitted to its own next-token laws on `sequences` (entry i
-    reads h_i and t_{i+1}, learns the target's law at i+1): a `HeadCheckpoint` for the engine."""
+    reads h_i and t_{i+1}, learns the target's law at i+1): a `HeadCheckpoint` for the engine.
+    An eagle3 head reads the target's default feature layers and fits its own lm_head too."""
     import torch.nn.functional as F
 
     from speculant.layers.rotary import RotaryEmbedding
@@ -221,13 +225,17 @@ def fit_head(hf_model, sequences: list[list[int]], variant: str = "normed", step
         head_logits,
         init_head_weights,
     )
+    from speculant.models.head_features import FEATURE_VARIANT, default_feature_layers
 
     ckpt = TinyCheckpoint(hf_model)
     arch = head_arch(ckpt.arch)
-    weights = {k: v.requires_grad_() for k, v in init_head_weights(arch, variant, seed, std=0.05).items()}
     embed, lm_head = ckpt.weights["model.embed_tokens.weight"], ckpt.weights.get("lm_head.weight", ckpt.weights["model.embed_tokens.weight"])
+    rows = lm_head if vocab_map is None else lm_head[vocab_map]  # an eagle3 head's own lm_head starts here
+    weights = {k: v.requires_grad_() for k, v in init_head_weights(arch, variant, seed, std=0.05, lm_head=rows).items()}
     rotary = RotaryEmbedding(arch, torch.device("cpu"), torch.float32)
-    data = [(torch.tensor(s), h.detach(), lg.detach()) for s, (h, lg) in zip(sequences, target_states(hf_model, sequences))]
+    layers = default_feature_layers(ckpt.arch.num_layers) if variant == FEATURE_VARIANT else ()
+    states = target_states(hf_model, sequences, layers)
+    data = [(torch.tensor(s), h.detach(), lg.detach()) for s, (h, lg) in zip(sequences, states)]
     opt = torch.optim.Adam(list(weights.values()), lr=3e-3)
 
     def attend(q, k, v):
@@ -254,7 +262,7 @@ def fit_head(hf_model, sequences: list[list[int]], variant: str = "normed", step
     final = {k: v.detach() for k, v in weights.items()}
     if vocab_map is not None:
         final["vocab_map"] = vocab_map
-    cfg = HeadFileConfig(variant, "tiny", checkpoint_sha256(ckpt), arch.hidden_size, 0 if vocab_map is None else len(vocab_map))
+    cfg = HeadFileConfig(variant, "tiny", checkpoint_sha256(ckpt), arch.hidden_size, 0 if vocab_map is None else len(vocab_map), feature_layers=layers)
     return HeadCheckpoint(cfg, final)
 
 

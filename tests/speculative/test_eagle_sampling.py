@@ -1,7 +1,8 @@
 """EAGLE tree speculative sampling through the engine reproduces the target's own distribution
 (joints of the first tokens and the bonus tokens, as in test_spec_sampling): a static tree of
 siblings sampled without replacement from the head, and a dynamic tree of the head's best tokens
-under top-p; removing the sibling residual update is caught."""
+under top-p, with a normed head and (static, sampled siblings) an eagle3 head; removing the
+sibling residual update is caught."""
 
 from __future__ import annotations
 
@@ -31,13 +32,17 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def eagle_models():
+    return _models("normed")
+
+
+def _models(variant: str):
     """The sampling test's target with a head fitted on a few of its own greedy continuations."""
     target = tiny_hf_model("llama", seed=1, **TINY)
     with torch.no_grad():
         target.lm_head.weight.mul_(2.5)  # as test_spec_sampling's target
     prompts = [PROMPT, [4, 4], [9, 8, 7]]
     plain = tiny_llm(target).generate(prompts, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
-    head = fit_head(target, [p + o.token_ids for p, o in zip(prompts, plain)], steps=100)
+    head = fit_head(target, [p + o.token_ids for p, o in zip(prompts, plain)], variant=variant, steps=100)
     return target, head
 
 
@@ -57,6 +62,11 @@ def eagle_p_values(eagle_models, case: str) -> dict[str, float]:
 @pytest.mark.parametrize("case", list(CASES))
 def test_tree_sampling_matches_target(eagle_models, case):
     out = eagle_p_values(eagle_models, case)
+    assert min(out.values()) > ALPHA, out
+
+
+def test_tree_sampling_with_an_eagle3_head_matches_target():
+    out = eagle_p_values(_models("eagle3"), "t1-static-sampled-siblings")
     assert min(out.values()) > ALPHA, out
 
 

@@ -1,6 +1,7 @@
 """Greedy speculation is exact in every weight mode: the tokens of n-gram, draft-target, MTP and
 EAGLE (static and dynamic trees) equal plain decoding's token for token with fp32, bf16, int8
-and int4 weights, alone and in a batch of 8; and a request's plain tokens are the same alone and
+and int4 weights, alone and in a batch of 8 (with an eagle3 head too, reading the target's
+feature layers: fp32 and int8); and a request's plain tokens are the same alone and
 beside other requests. Exactness, not closeness: the forward is row-invariant
 (tests/executor/test_batch_invariance.py), so no near-tie may excuse a parting."""
 
@@ -56,6 +57,14 @@ def _tokens(llm, prompts) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
+def eagle3_head(models):
+    """An eagle3 head fitted like the normed one (drafts accepted at times, rejected at others)."""
+    target = models[0]
+    plain = tiny_llm(target).generate(PROMPTS[:4], GREEDY)
+    return fit_head(target, [p + o.token_ids for p, o in zip(PROMPTS, plain)], variant="eagle3", steps=100)
+
+
+@pytest.fixture(scope="module")
 def plain(models):
     return {mode: _tokens(_llm(models, mode), PROMPTS) for mode in MODES}
 
@@ -70,6 +79,17 @@ def test_plain_tokens_are_the_same_alone_and_in_a_batch(models, plain, weights):
 @pytest.mark.parametrize("weights", MODES)
 def test_greedy_speculation_equals_plain_in_every_weight_mode(models, plain, weights, method):
     llm = _llm(models, weights, method)
+    assert _tokens(llm, PROMPTS[:1]) == plain[weights][:1]
+    assert _tokens(llm, PROMPTS) == plain[weights]
+    stats = llm.stats()
+    assert stats["draft_tokens"] > 0 and 0 < stats["accepted_tokens"] < stats["draft_tokens"], stats
+
+
+@pytest.mark.parametrize("method", ["mtp", "eagle-static", "eagle-dynamic"])
+@pytest.mark.parametrize("weights", ["fp32", "int8"])
+def test_greedy_speculation_with_an_eagle3_head_equals_plain(models, eagle3_head, plain, weights, method):
+    llm = _llm((models[0], models[1], eagle3_head), weights, method)
+    assert llm.engine.executor._features == {"target": (1, 1, 0)}  # the tiny target's 2 layers: the default, brought in
     assert _tokens(llm, PROMPTS[:1]) == plain[weights][:1]
     assert _tokens(llm, PROMPTS) == plain[weights]
     stats = llm.stats()

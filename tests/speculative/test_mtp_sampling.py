@@ -1,5 +1,6 @@
 """MTP speculative sampling reproduces the target's own distribution (joints of the first
-tokens and the bonus tokens, as in test_spec_sampling), and a broken rule is caught."""
+tokens and the bonus tokens, as in test_spec_sampling), with a normed and an eagle3 head, and a
+broken rule is caught."""
 
 from __future__ import annotations
 
@@ -25,15 +26,19 @@ from speculant import SamplingParams
 PARAMS = SamplingParams(max_tokens=NUM_DRAFTS + 2, temperature=0.8, top_k=12, ignore_eos=True)
 
 
-@pytest.fixture(scope="module")
-def mtp_models():
+def _models(variant: str):
     """The sampling test's target with a head fitted on a few of its own greedy continuations."""
     target = tiny_hf_model("llama", seed=1, **TINY)
     with torch.no_grad():
         target.lm_head.weight.mul_(2.5)  # as test_spec_sampling's target
     plain = tiny_llm(target).generate([PROMPT, [4, 4], [9, 8, 7]], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
-    head = fit_head(target, [p + o.token_ids for p, o in zip([PROMPT, [4, 4], [9, 8, 7]], plain)], steps=100)
+    head = fit_head(target, [p + o.token_ids for p, o in zip([PROMPT, [4, 4], [9, 8, 7]], plain)], variant=variant, steps=100)
     return target, head
+
+
+@pytest.fixture(scope="module")
+def mtp_models():
+    return _models("normed")
 
 
 def mtp_p_values(mtp_models) -> dict[str, float]:
@@ -49,6 +54,11 @@ def mtp_p_values(mtp_models) -> dict[str, float]:
 
 def test_mtp_sampling_matches_target(mtp_models):
     out = mtp_p_values(mtp_models)
+    assert min(out.values()) > ALPHA, out
+
+
+def test_mtp_sampling_with_an_eagle3_head_matches_target():
+    out = mtp_p_values(_models("eagle3"))
     assert min(out.values()) > ALPHA, out
 
 
