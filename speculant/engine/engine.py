@@ -59,8 +59,12 @@ class Engine:
                 config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens,
             )
         )
-        for spec in self.proposer.model_specs():
-            self.executor.add_model(spec)
+        try:
+            for spec in self.proposer.model_specs():
+                self.executor.add_model(spec)
+        except Exception:  # a refused model: stop tensor-parallel workers now, not at garbage collection
+            self.executor.close()
+            raise
         self.num_pages = self._allocate_cache(budget)
         self.pages = PageTables(PageAllocator(self.num_pages), config.cache.page_size)
         self.proposer.bind(self.pages)

@@ -177,6 +177,12 @@ def test_a_hung_worker_fails_the_leader_after_the_timeout(target):
         assert not llm.engine.executor.workers.processes[0].is_alive()  # stopped for good
 
 
+def test_an_eagle3_head_is_refused_naming_the_option(target):
+    head = fit_head(target, [PROMPTS[0] + [5, 6, 7]], variant="eagle3", steps=1)
+    with pytest.raises(ValueError, match=r"tensor_parallel_size > 1 runs no head that reads the target's feature_layers \[1, 1, 0\].*tensor_parallel_size=1"):
+        tiny_llm(target, tensor_parallel_size=2, speculative="mtp", draft_checkpoint=head)
+
+
 def test_unshardable_model_is_refused_before_any_worker_starts(target):
     with pytest.raises(ValueError, match="tensor_parallel_size=4 exceeds the model's 2 KV heads"):
         tiny_llm(target, tensor_parallel_size=4)
