@@ -43,17 +43,21 @@ def _forwards(executor) -> list:
     return [executor.run(ForwardPlan(TARGET, [step])) for step in steps]
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3"])
-def test_features_are_the_residual_stream_after_each_layer(kind):
+ON_CUDA = pytest.param("llama", "cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])
+
+
+@pytest.mark.parametrize(("kind", "device"), [("llama", "cpu"), ("qwen3", "cpu"), ON_CUDA])
+def test_features_are_the_residual_stream_after_each_layer(kind, device):
     hf = tiny_hf_model(kind, num_hidden_layers=4)
     tokens = list(range(3, 20))
-    ours = _executor(hf, attention_backend="torch").run(ForwardPlan(TARGET, [SeqInput(tokens, 0, [0, 1, 2, 3, 4], logits="all")]))
+    plan = ForwardPlan(TARGET, [SeqInput(tokens, 0, [0, 1, 2, 3, 4], logits="all")])
+    ours = _executor(hf, attention_backend="torch", device=device).run(plan)
     with torch.no_grad():  # transformers' hidden_states[i + 1]: the output of layer i (the last one normed)
         states = hf(torch.tensor([tokens]), output_hidden_states=True).hidden_states
     h = hf.config.hidden_size
     assert ours.hidden.shape == (len(tokens), len(LAYERS) * h)
     for j, layer in enumerate(LAYERS):
-        torch.testing.assert_close(ours.hidden[:, j * h : (j + 1) * h], states[layer + 1][0], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(ours.hidden[:, j * h : (j + 1) * h].cpu(), states[layer + 1][0], atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.skipif(not native.available(), reason="the native kernels are not built (no C++ compiler)")

@@ -44,9 +44,9 @@ def causal_attend(q, k, v):  # [T, heads, d], [T, kv_heads, d] -> [T, heads * d]
     return out.transpose(0, 1).reshape(q.shape[0], -1)
 
 
-def setup(vocab_map=None, layers=LAYERS, weights_mode="fp32", kind="llama"):
+def setup(vocab_map=None, layers=LAYERS, weights_mode="fp32", kind="llama", device="cpu"):
     ckpt = TinyCheckpoint(tiny_hf_model(kind))
-    config = ModelConfig(model="tiny", weights=weights_mode)
+    config = ModelConfig(model="tiny", weights=weights_mode, device=device)
     executor = Executor(build_runner(ckpt, config), lambda: checkpoint_sha256(ckpt))
     arch = head_arch(ckpt.arch)
     weights = init_head_weights(arch, "eagle3", seed=3, std=0.1, draft_vocab=0 if vocab_map is None else len(vocab_map))
@@ -58,12 +58,15 @@ def setup(vocab_map=None, layers=LAYERS, weights_mode="fp32", kind="llama"):
     return ckpt, executor, weights
 
 
+ON_CUDA = pytest.param("llama", "cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])
+
+
 @pytest.mark.parametrize("vocab_map", [None, torch.tensor([2, 10, 11, 40, 200])])
-@pytest.mark.parametrize("kind", ["llama", "qwen2"])
-def test_paged_forward_equals_training_math(vocab_map, kind):
+@pytest.mark.parametrize(("kind", "device"), [("llama", "cpu"), ("qwen2", "cpu"), ON_CUDA])
+def test_paged_forward_equals_training_math(vocab_map, kind, device):
     """The target's features through the head in two chunks, then a draft step on the head's
     own output state: the training functions' logits and states, and -inf outside the map."""
-    ckpt, executor, weights = setup(vocab_map, kind=kind)
+    ckpt, executor, weights = setup(vocab_map, kind=kind, device=device)
     arch, n, h = head_arch(ckpt.arch), 9, ckpt.arch.hidden_size
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(3, arch.vocab_size, (n + 1,), generator=g)
@@ -74,10 +77,11 @@ def test_paged_forward_equals_training_math(vocab_map, kind):
     first = executor.run(ForwardPlan("head", [SeqInput(tokens[1:6].tolist(), 0, table, logits="all")], hidden_states=features[:5]))
     second = executor.run(ForwardPlan("head", [SeqInput(tokens[6 : n + 1].tolist(), 5, table, logits="all")], hidden_states=features[5:]))
     own = executor.run(ForwardPlan("head", [SeqInput([7], n, table, logits="all")], hidden_states=second.hidden[-1:]))  # [1, h] in
+    first, second, own, features = (_cpu(first), _cpu(second), _cpu(own), features.cpu())  # the training math runs on the CPU
 
     m = build_modules({k: v for k, v in weights.items() if k != "vocab_map"}, arch, "eagle3")
-    cos, sin = executor.runner("head").model.rotary.lookup(torch.arange(n + 1))
-    embeds = executor.runner().model.embed(torch.cat([tokens[1:], torch.tensor([7])]))
+    cos, sin = (t.cpu() for t in executor.runner("head").model.rotary.lookup(torch.arange(n + 1, device=device)))
+    embeds = F.embedding(torch.cat([tokens[1:], torch.tensor([7])]), ckpt.weights["model.embed_tokens.weight"])
     dense = head_forward(arch, m, embeds[:n], features, cos[:n], sin[:n], causal_attend)  # the fused features in
     torch.testing.assert_close(torch.cat([first.hidden, second.hidden]), dense, atol=2e-5, rtol=1e-4)
     logits = head_logits(arch, m, dense, lm_head=None)  # [n, Nk] the head's own lm_head
@@ -144,3 +148,7 @@ def test_bad_feature_layers_in_a_head_file_are_refused_by_name(tmp_path, variant
 def test_feature_layers_past_the_targets_are_refused_by_name():
     with pytest.raises(ValueError, match=r"feature_layers: the target has layers 0..1, got \[0, 1, 2\]"):
         setup(layers=(0, 1, 2))
+
+
+def _cpu(result):  # a ForwardResult's tensors on the CPU
+    return type(result)(result.logits.cpu(), result.hidden.cpu())

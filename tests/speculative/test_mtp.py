@@ -71,6 +71,13 @@ def test_head_overfit_on_a_sequence_predicts_it(target):
 
 
 @pytest.fixture(scope="module")
+def eagle3_head(target, plain_outputs):
+    """An eagle3 head (the target's feature layers in) fitted like `head`."""
+    sequences = [p + o for p, o in zip(PROMPTS[::2], plain_outputs[::2])]
+    return fit_head(target, sequences, variant="eagle3", steps=150)
+
+
+@pytest.fixture(scope="module")
 def reduced_head(target, plain_outputs):
     """A head whose vocabulary is the tokens of the sequences it is fitted on."""
     sequences = [p + o for p, o in zip(PROMPTS[::2], plain_outputs[::2])]
@@ -164,10 +171,12 @@ def test_a_head_for_another_target_is_refused(target, head):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_no_sync_from_verify_to_head_launch_on_cuda(target, head, monkeypatch):
+@pytest.mark.parametrize("variant", ["normed", "eagle3"])
+def test_no_sync_from_verify_to_head_launch_on_cuda(target, head, eagle3_head, variant, monkeypatch):
     """On CUDA, from the end of every target forward (prefill and verify) to the head run over it,
-    nothing synchronises with the host (`set_sync_debug_mode("error")` raises on a sync)."""
-    llm = mtp_llm(target, head, num_draft_tokens=3, device="cuda")
+    nothing synchronises with the host (`set_sync_debug_mode("error")` raises on a sync); an
+    eagle3 head's target forwards expose its feature layers."""
+    llm = mtp_llm(target, head if variant == "normed" else eagle3_head, num_draft_tokens=3, device="cuda")
     engine = llm.engine
     run, launch, windows = engine.executor.run, engine.proposer.launch, []
 
@@ -193,12 +202,12 @@ def test_no_sync_from_verify_to_head_launch_on_cuda(target, head, monkeypatch):
     assert windows and engine.stats.spec_stats.draft_steps >= 1
 
 
-@pytest.mark.parametrize("sampling", ["greedy", "sample"])
-def test_one_host_read_per_decode_step_strict(target, head, sampling):
+@pytest.mark.parametrize(("sampling", "variant"), [("greedy", "normed"), ("sample", "normed"), ("greedy", "eagle3")])
+def test_one_host_read_per_decode_step_strict(target, head, eagle3_head, sampling, variant):
     """A decode step in strict sync mode (any other read raises) under the device-mixing check:
-    one host read, for greedy and sampled heads, mixed parameters at batch 3."""
+    one host read, for greedy and sampled heads (and an eagle3 head), mixed parameters at batch 3."""
 
-    llm = mtp_llm(target, head, num_draft_tokens=3, head_sampling=sampling)
+    llm = mtp_llm(target, head if variant == "normed" else eagle3_head, num_draft_tokens=3, head_sampling=sampling)
     params = [GREEDY, SamplingParams(max_tokens=24, temperature=0.8, seed=3, logprobs=True, top_logprobs=2), SamplingParams(max_tokens=24, temperature=0.7)]
     reads, drafted = strict_decode_step(llm, PROMPTS[:3], params)
     assert reads == 1
