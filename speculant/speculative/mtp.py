@@ -15,6 +15,12 @@ of t_{i+1}; its output predicts t_{i+2}. The schedule:
 - `propose` takes the first draft from the carried logits and, for k > 1, runs the head on its own
   output state and the draft just chosen, entry after entry.
 
+With adaptive k the head follows lazily (`LAZY_FEED`): a request that did not draft this step
+keeps the target's states of its rows (at most `BACKLOG_ROWS`, then they are run) instead of
+running the head on them, and a request that drafts again runs its backlog first (`_catch_up`; the
+tokens are on the host by then). A step where nobody drafts then costs what a plain step costs,
+so a head whose drafts do not pay is not paid for either.
+
 Drafts are the head's argmax (a one-hot q) or samples from its processed distribution
 (`head_sampling`); the acceptance rule is the engine's, lossless for both.
 """
@@ -22,6 +28,7 @@ Drafts are the head's argmax (a one-hot q) or samples from its processed distrib
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 
 import torch
@@ -33,11 +40,15 @@ from speculant.speculative.base import Proposer, ProposerContext
 from speculant.speculative.drafts import chain_work, choose_drafts
 
 HEAD = "head"  # the head's name in the executor
+BACKLOG_ROWS = 64  # target states a request keeps for its head before running it anyway
 
 
 class MtpProposer(Proposer):
+    LAZY_FEED = True  # with adaptive k the head follows only requests that draft (see the module doc)
+
     def __init__(self, ctx: ProposerContext) -> None:
         super().__init__(ctx)
+        self.pending: dict[str, tuple[int, torch.Tensor]] = {}  # request id -> (first position, [n, hidden_in] target states)
         self.carried: dict[str, torch.Tensor] = {}  # request id -> [V] head logits for the next draft
         self.state: dict[str, torch.Tensor] = {}  # request id -> [hidden] head output at that entry
         self._drafts: torch.Tensor | None = None  # [B, k_max] the step's proposal (device)
@@ -55,11 +66,13 @@ class MtpProposer(Proposer):
         return [ModelSpec(HEAD, config, checkpoint, head_of=TARGET, own_head=own)]
 
     def memory_bytes(self, max_num_seqs: int) -> dict[str, int]:
-        """Carried logits [B, V] fp32; sampled drafts' probabilities [B, k, V] fp32."""
+        """Carried logits [B, V] fp32; sampled drafts' probabilities [B, k, V] fp32; the lazy
+        head's backlogs [B, BACKLOG_ROWS, hidden_in] fp32 (hidden_in: up to three layers' states)."""
         row = self.ctx.target_arch.vocab_size * 4
         sampled = self.ctx.speculative.head.sampling == "sample"
         k = self.ctx.speculative.num_draft_tokens
-        return {"draft_logits": max_num_seqs * row, "draft_probs": max_num_seqs * k * row if sampled else 0}
+        backlog = max_num_seqs * BACKLOG_ROWS * 3 * self.ctx.target_arch.hidden_size * 4 if self.adaptive is not None else 0
+        return {"draft_logits": max_num_seqs * row, "draft_probs": max_num_seqs * k * row if sampled else 0, "head_backlog": backlog}
 
     def draft_work(self, ks) -> tuple[int, int]:
         """The first draft comes from carried logits (`chain_work`)."""
@@ -69,30 +82,101 @@ class MtpProposer(Proposer):
         super().release(request)
         self.carried.pop(request.request_id, None)
         self.state.pop(request.request_id, None)
+        self.pending.pop(request.request_id, None)
+
+    def backlog(self, request: Request) -> int:
+        """Rows the head must run before it can draft for the request."""
+        pending = self.pending.get(request.request_id)
+        return 0 if pending is None else pending[1].shape[0]
 
     # ---- after every target forward ---------------------------------------------------------------
 
     def launch(self, result: StepResult) -> Forwards[None]:
         """The head over the target forward's rows, with the target's states; no host reads."""
-        yield from self.timed_feed(self._launch(result), len(result.requests))
+        run = self._followed(result)
+        if run:
+            yield from self.timed_feed(self._launch(result, run), len(run))
 
-    def _launch(self, result: StepResult) -> Forwards[None]:
+    def _launch(self, result: StepResult, run: list[int]) -> Forwards[None]:
         device = result.hidden_states.device
+        offsets, starts = result.row_offsets, result.kv_starts
         if result.speculative:  # each sequence's last accepted row, chosen on the device
             tokens = self._verified_inputs(result)
-            last = torch.tensor(result.row_offsets[:-1], device=device) + result.num_accepted  # [B]
+            last = torch.tensor(offsets[:-1], device=device) + result.num_accepted  # [B]
         else:  # each sequence's last row
             tokens = self._chunk_inputs(result)
-            last = torch.tensor(result.row_offsets[1:], device=device) - 1  # [B]
-        inputs = [
-            SeqInput([0] * (result.row_offsets[b + 1] - result.row_offsets[b]), result.kv_starts[b], self.pages.table(r.request_id), logits="none")
-            for b, r in enumerate(result.requests)
-        ]
-        out = yield ForwardPlan(HEAD, inputs, input_ids=tokens, hidden_states=result.hidden_states, logits_rows=last)
-        logits = out.logits  # [B, V] at the rows `last`
+            last = torch.tensor(offsets[1:], device=device) - 1  # [B]
+        if len(run) == len(result.requests) and not self.pending:  # every request, nothing behind: the step's rows as they are
+            hidden = result.hidden_states
+            inputs = [SeqInput([0] * (offsets[b + 1] - offsets[b]), starts[b], self.pages.table(r.request_id), logits="none") for b, r in enumerate(result.requests)]
+        else:  # the requests that run, each after its backlog
+            parts, inputs, shift = [], [], []
+            for b in run:
+                r, rows = result.requests[b], torch.arange(offsets[b], offsets[b + 1], device=device)
+                behind = self.pending.pop(r.request_id, None)
+                first, states, ids = starts[b], result.hidden_states.index_select(0, rows), tokens.index_select(0, rows)
+                if behind is not None:
+                    first = behind[0]
+                    states, ids = torch.cat([behind[1], states]), torch.cat([self._host_tokens(r, first, starts[b]), ids])
+                parts.append((states, ids))
+                shift.append(sum(len(x.token_ids) for x in inputs) + starts[b] - first - offsets[b])
+                inputs.append(SeqInput([0] * states.shape[0], first, self.pages.table(r.request_id), logits="none"))
+            index = torch.tensor(run, device=device)
+            hidden, tokens = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+            last = last.index_select(0, index) + torch.tensor(shift, device=device)  # [len(run)] in the new layout
+        out = yield ForwardPlan(HEAD, inputs, input_ids=tokens, hidden_states=hidden, logits_rows=last)
+        logits = out.logits  # [len(run), V] at the rows `last`
         states = out.hidden.index_select(0, last)
+        for i, b in enumerate(run):
+            r = result.requests[b]
+            self.carried[r.request_id], self.state[r.request_id] = logits[i], states[i]
+
+    def _followed(self, result: StepResult) -> list[int]:
+        """The batch positions whose rows the head runs now; the others' target states wait in
+        `pending` (lazy feed: a request that did not draft, its backlog within BACKLOG_ROWS)."""
+        if not self.LAZY_FEED or self.adaptive is None:
+            return list(range(len(result.requests)))
+        run = []
         for b, r in enumerate(result.requests):
-            self.carried[r.request_id], self.state[r.request_id] = logits[b], states[b]
+            n = result.row_offsets[b + 1] - result.row_offsets[b]
+            behind = self.pending.get(r.request_id)
+            if (result.speculative and n > 1) or self.backlog(r) + n > BACKLOG_ROWS:
+                run.append(b)
+                continue
+            rows = result.hidden_states[result.row_offsets[b] : result.row_offsets[b + 1]]
+            if behind is None:
+                self.pending[r.request_id] = (result.kv_starts[b], rows.clone())
+            else:  # contiguous: the backlog ends where this step's rows start
+                assert behind[0] + behind[1].shape[0] == result.kv_starts[b], "a head backlog with a gap"
+                self.pending[r.request_id] = (behind[0], torch.cat([behind[1], rows]))
+        return run
+
+    def _host_tokens(self, r: Request, start: int, end: int) -> torch.Tensor:
+        """[end - start] the inputs of head entries start..end-1: t_{i+1}, all on the host by now."""
+        return torch.tensor(r.token_slice(start + 1, end + 1), dtype=torch.int64).to(self.ctx.device, non_blocking=True)
+
+    def _catch_up(self, behind: list[Request]) -> Forwards[None]:
+        """Run the backlogs of requests about to draft, one forward of at most the token budget
+        at a time, and tell adaptive k the time (it prices long backlogs per row)."""
+        start, budget, total = time.perf_counter(), self.ctx.max_num_batched_tokens, 0
+        groups: list[list[Request]] = [[]]
+        for r in behind:
+            n = self.backlog(r)
+            if groups[-1] and sum(self.backlog(x) for x in groups[-1]) + n > budget:
+                groups.append([])
+            groups[-1].append(r)
+            total += n
+        for group in groups:
+            pending = [self.pending.pop(r.request_id) for r in group]
+            inputs = [SeqInput([0] * h.shape[0], first, self.pages.table(r.request_id), logits="none") for r, (first, h) in zip(group, pending)]
+            ids = torch.cat([self._host_tokens(r, first, first + h.shape[0]) for r, (first, h) in zip(group, pending)])
+            ends = torch.tensor(list(itertools.accumulate(h.shape[0] for _, h in pending)), device=ids.device) - 1
+            out = yield ForwardPlan(HEAD, inputs, input_ids=ids, hidden_states=torch.cat([h for _, h in pending]), logits_rows=ends)
+            states = out.hidden.index_select(0, ends)
+            for i, r in enumerate(group):
+                self.carried[r.request_id], self.state[r.request_id] = out.logits[i], states[i]
+        if self.adaptive is not None:
+            self.adaptive.record_catch_up(time.perf_counter() - start, total, len(behind))
 
     def _chunk_inputs(self, result: StepResult) -> torch.Tensor:
         """[T] each row's next token: the request's own, or the step's sample after its last."""
@@ -126,12 +210,17 @@ class MtpProposer(Proposer):
     # ---- drafting -------------------------------------------------------------------------------
 
     def propose(self, batch: Batch) -> Forwards[DraftProposal]:
-        start = time.perf_counter()
         requests = batch.requests
         ks = [self.step_k(r) for r in requests]
+        behind = [r for r, k in zip(requests, ks) if k > 0 and r.request_id in self.pending]
+        if behind:  # requests the head did not follow (lazy feed) run their backlogs first
+            yield from self._catch_up(behind)
+        start = time.perf_counter()
         k_max = max(ks)
-        logits = torch.stack([self.carried[r.request_id] for r in requests])  # [B, V]
-        state = torch.stack([self.state[r.request_id] for r in requests])  # [B, hidden]
+        first = next(r.request_id for r, k in zip(requests, ks) if k > 0)
+        keep = [r.request_id if k > 0 else first for r, k in zip(requests, ks)]  # k = 0 rows: unused stand-ins
+        logits = torch.stack([self.carried[i] for i in keep])  # [B, V]
+        state = torch.stack([self.state[i] for i in keep])  # [B, hidden]
         device = logits.device
         tokens = torch.full((len(requests), k_max), -1, dtype=torch.int64, device=device)
         sampled = self.ctx.speculative.head.sampling == "sample"
