@@ -58,7 +58,7 @@ class EagleProposer(MtpProposer):
             self.static = tree.static_parents(tree.static_choices(self.depth, self.topk, ctx.speculative.num_draft_tokens))
             self.budget = len(self.static[0])
             self.num_entries = sum(1 for kids in tree_shape.children(self.static[0])[1:] if kids)
-        self.auto_budget = shape.auto_budget
+        self.auto_budget = shape.auto_budget or ctx.speculative.adaptive_k  # adaptive k sizes the tree (0: a plain step)
         self.chooser: TreeBudget | None = None  # set by `calibrate` with auto_budget
         self.step_budget = self.budget  # nodes of this step's trees (budget, or the chooser's)
         self._tokens: torch.Tensor | None = None  # [B, n] the step's tree tokens (device)
@@ -71,26 +71,34 @@ class EagleProposer(MtpProposer):
         """The tree's node count, or 0 (a plain step) where the request asks for no drafts, or
         max_tokens allows no token past the bonus, or the tree and the head's entries would not
         fit the context or the cache. (`propose` cuts paths deeper than max_tokens allows.)"""
+        return self.step_budget if self._may_draft(request) else 0
+
+    def _may_draft(self, request: Request) -> bool:
         if request.params.num_draft_tokens == 0 or len(request.output_token_ids) + 1 >= request.params.max_tokens:
-            return 0
+            return False
         limit = self.ctx.target_arch.max_position
         if self.pages is not None:
             limit = min(limit, self.pages.allocator.num_pages * self.pages.page_size)
-        return self.step_budget if limit - request.num_tokens - 1 >= self.lookahead else 0
+        return limit - request.num_tokens - 1 >= self.lookahead
 
     @property
     def lookahead(self) -> int:
         return max(self.budget, self.num_entries)
 
     def lookahead_slots(self, request: Request) -> int:
-        return self.lookahead if self.num_draft_tokens(request) else 0
+        return self.lookahead if self._may_draft(request) else 0  # whatever this step's budget: it is chosen after the pages
 
     def memory_bytes(self, max_num_seqs: int) -> dict[str, int]:
         """Carried logits [B, V]; per level the head's logits [B, topk, V] and, sampled, the
         nodes' laws [B, n, V]; target laws of every node [B, n + 1, V] (all fp32)."""
         row = self.ctx.target_arch.vocab_size * 4
         sampled = self.budget * row if self.sampled else 0
-        return {"draft_logits": max_num_seqs * row * (1 + self.topk), "draft_probs": max_num_seqs * (sampled + (self.budget + 1) * row)}
+        return {"draft_logits": max_num_seqs * row * (1 + self.topk), "draft_probs": max_num_seqs * (sampled + (self.budget + 1) * row),
+                "head_backlog": self.backlog_bytes(max_num_seqs)}
+
+    def follows_lazily(self) -> bool:
+        """With a measured budget a step may verify no tree: the head then waits (`MtpProposer`)."""
+        return self.auto_budget
 
     def draft_work(self, ks) -> tuple[int, int]:
         """Every level past the first is one head forward over every drafting request's frontier."""
@@ -147,8 +155,11 @@ class EagleProposer(MtpProposer):
     # ---- drafting -----------------------------------------------------------------------------
 
     def propose(self, batch: Batch) -> Forwards[DraftProposal]:
-        start = time.perf_counter()
         requests = batch.requests
+        behind = [r for r in requests if r.request_id in self.pending]
+        if behind:  # every backlog first: a tree step's launch runs each request's rows from its last
+            yield from self._catch_up(behind)
+        start = time.perf_counter()
         ks = [self.step_k(r) for r in requests]
         treed = [b for b, k in enumerate(ks) if k > 0]
         grow = self._grow_dynamic if self.dynamic else self._grow_static
@@ -277,6 +288,12 @@ class EagleProposer(MtpProposer):
         if result.accepted_rows is None:
             yield from super().launch(result)
             return
+        start = time.perf_counter()
+        yield from self._launch_tree(result)
+        if self.chooser is not None:
+            self.chooser.record_feed(time.perf_counter() - start)
+
+    def _launch_tree(self, result: StepResult) -> Forwards[None]:
         rows, device = result.accepted_rows, result.hidden_states.device  # [B, D + 1]
         width = rows.shape[1]
         keep = [b * width + j for b, d in enumerate(self._depths) for j in range(d + 1)]

@@ -71,8 +71,11 @@ class MtpProposer(Proposer):
         row = self.ctx.target_arch.vocab_size * 4
         sampled = self.ctx.speculative.head.sampling == "sample"
         k = self.ctx.speculative.num_draft_tokens
-        backlog = max_num_seqs * BACKLOG_ROWS * 3 * self.ctx.target_arch.hidden_size * 4 if self.adaptive is not None else 0
-        return {"draft_logits": max_num_seqs * row, "draft_probs": max_num_seqs * k * row if sampled else 0, "head_backlog": backlog}
+        return {"draft_logits": max_num_seqs * row, "draft_probs": max_num_seqs * k * row if sampled else 0, "head_backlog": self.backlog_bytes(max_num_seqs)}
+
+    def backlog_bytes(self, max_num_seqs: int) -> int:
+        """[B, BACKLOG_ROWS, hidden_in] fp32 target states waiting (hidden_in: up to three layers')."""
+        return max_num_seqs * BACKLOG_ROWS * 3 * self.ctx.target_arch.hidden_size * 4 if self.follows_lazily() else 0
 
     def draft_work(self, ks) -> tuple[int, int]:
         """The first draft comes from carried logits (`chain_work`)."""
@@ -83,6 +86,10 @@ class MtpProposer(Proposer):
         self.carried.pop(request.request_id, None)
         self.state.pop(request.request_id, None)
         self.pending.pop(request.request_id, None)
+
+    def follows_lazily(self) -> bool:
+        """Whether the head may leave a request's rows waiting (adaptive k chooses the drafts)."""
+        return self.LAZY_FEED and self.adaptive is not None
 
     def backlog(self, request: Request) -> int:
         """Rows the head must run before it can draft for the request."""
@@ -134,7 +141,7 @@ class MtpProposer(Proposer):
     def _followed(self, result: StepResult) -> list[int]:
         """The batch positions whose rows the head runs now; the others' target states wait in
         `pending` (lazy feed: a request that did not draft, its backlog within BACKLOG_ROWS)."""
-        if not self.LAZY_FEED or self.adaptive is None:
+        if not self.follows_lazily():
             return list(range(len(result.requests)))
         run = []
         for b, r in enumerate(result.requests):

@@ -15,9 +15,13 @@ so on a GPU; so the budget comes from two measurements instead of a constant:
 
 expected tokens/s (b) = (1 + mean accepted at b) / (verify seconds (b + 1) + draft seconds (b))
 
+Budget 0 is a plain step (one token for one row's verify): where no tree pays, the chooser
+takes it, and exploration then verifies a one-node tree every EXPLORE steps.
+
 A tree of b nodes is at most b deep, so it grows at most min(depth, b) levels: the draft seconds
 of budget b are the measured seconds per head level times the min(depth, b) - 1 levels past the
-first (whose children come from the carried logits). Pure arithmetic: no engine, no torch.
+first (whose children come from the carried logits), plus the head's measured run over a tree
+step's verified rows (b > 0 only). Pure arithmetic: no engine, no torch.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ class TreeBudget:
         self.accepted = np.zeros(max_budget + 1)  # [b] accepted drafts summed over trees of size >= b
         self.trees = np.zeros(max_budget + 1)  # [b] trees of size >= b seen
         self.level_s = MovingAverage(0.0)  # seconds per head level grown
+        self.feed_s = MovingAverage(0.0)  # seconds of the head's run over a tree step's verified rows
         self.steps = 0
         self.chosen = max_budget
 
@@ -69,8 +74,14 @@ class TreeBudget:
         if levels > 0:
             self.level_s.update(seconds / levels)
 
+    def record_feed(self, seconds: float) -> None:
+        """A tree step's head run over the verified rows took `seconds` (a plain step's head waits)."""
+        self.feed_s.update(seconds)
+
     def draft_seconds(self, budget: int) -> float:
-        return self.level_s.value * grown_levels(self.depth, budget)
+        """The head's seconds around a tree of `budget` nodes: its levels, and its run over the
+        verified rows after (none for budget 0: the head waits, `MtpProposer.follows_lazily`)."""
+        return self.level_s.value * grown_levels(self.depth, budget) + (self.feed_s.value if budget else 0.0)
 
     def verify_seconds(self, tokens: int) -> float:
         return float(np.interp(tokens, self.verify_t, self.verify_s))
@@ -86,7 +97,7 @@ class TreeBudget:
         if self.trees[self.max_budget] < WARMUP:
             return self.max_budget
         if self.steps % EXPLORE == 0:
-            return min(self.max_budget, 2 * self.chosen)
-        measured = [b for b in range(1, self.max_budget + 1) if self.trees[b] > 0]
+            return min(self.max_budget, max(1, 2 * self.chosen))
+        measured = [b for b in range(self.max_budget + 1) if self.trees[b] > 0]  # 0: no tree, a plain step
         self.chosen = max(measured, key=self.expected_rate)
         return self.chosen

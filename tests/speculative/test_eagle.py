@@ -117,7 +117,7 @@ def test_auto_budget_is_measured_and_reported(target, head, plain_outputs):
     llm = eagle_llm(target, head, **{**TREES["dynamic"], "num_draft_tokens": 12}, tree_auto_budget=True)
     assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == plain_outputs
     stats = llm.stats()
-    assert 1 <= stats["tree_budget"] <= stats["tree_budget_max"] == 12
+    assert 0 <= stats["tree_budget"] <= stats["tree_budget_max"] == 12  # 0: a plain step pays best
     assert sorted(stats["verify_cost_s"]) == [1, 2, 4, 8, 13]
     assert stats["kv_pages_used"] == 0  # the calibration's scratch pages went back
 

@@ -80,3 +80,40 @@ def test_a_backlog_past_its_cap_is_run_without_a_draft(target, head, monkeypatch
         llm.engine.step()
         seen.append(llm.engine.proposer.backlog(request))
     assert max(seen) == 4 and 0 in seen[1:-1]  # emptied every few steps, before the request finished
+
+
+def run_tree_pattern(target, head, monkeypatch, lazy: bool):
+    """EAGLE with adaptive k: every fifth decode step grows a tree of the full budget, the others
+    take budget 0 (a plain step); (outputs, trees, head forwards' rows per engine step)."""
+    from speculant.speculative.eagle import EagleProposer
+    from speculant.speculative.tree_budget import TreeBudget
+
+    steps = itertools.count()
+    monkeypatch.setattr(TreeBudget, "choose", lambda self: self.max_budget if next(steps) % 5 == 0 else 0)
+    monkeypatch.setattr(EagleProposer, "follows_lazily", lambda self: lazy)
+    llm = tiny_llm(target, speculative="eagle", draft_checkpoint=head, num_draft_tokens=6, adaptive_k=True)
+    engine, trees, forwards = llm.engine, [], []
+    run, propose = engine.executor.run, engine.proposer.propose
+
+    def counted_run(plan):
+        if plan.model == mtp.HEAD:
+            forwards.append(sum(len(s.token_ids) for s in plan.inputs))
+        return run(plan)
+
+    def recorded_propose(batch):
+        proposal = yield from propose(batch)
+        trees.append(proposal.token_ids.tolist())
+        return proposal
+
+    monkeypatch.setattr(engine.executor, "run", counted_run)
+    monkeypatch.setattr(engine.proposer, "propose", recorded_propose)
+    outs = llm.generate(PROMPTS[:3], GREEDY)
+    return [o.token_ids for o in outs], trees, forwards
+
+
+def test_an_eagle_tree_after_plain_steps_is_the_one_a_following_head_grows(target, head, plain_outputs, monkeypatch):
+    outs, trees, forwards = run_tree_pattern(target, head, monkeypatch, lazy=True)
+    assert outs == plain_outputs[:3] and trees
+    following = run_tree_pattern(target, head, monkeypatch, lazy=False)
+    assert following[0] == outs and following[1] == trees
+    assert len(forwards) < len(following[2])  # plain steps ran no head forward

@@ -54,3 +54,27 @@ def test_smaller_budgets_grow_fewer_head_levels():
         budget.record_draft(4.0, levels=4)  # 1 s per level
     assert [budget.draft_seconds(b) for b in (1, 2, 3, 8)] == [0.0, 1.0, 2.0, 4.0]
     assert max(range(1, 9), key=budget.expected_rate) == 1
+
+
+def test_no_tree_where_none_pays_and_a_one_node_probe_now_and_then():
+    """Verifying costs 3x a plain step per node and a draft is accepted 1 time in 10: a plain
+    step (budget 0) is the choice; exploration still verifies a one-node tree every EXPLORE steps."""
+    budget = TreeBudget(8, {1: 1.0, 9: 25.0})
+    for i in range(WARMUP + 40):
+        budget.record_tree(8, [0] if i % 10 == 0 else [])
+    chosen = [budget.choose() for _ in range(2 * EXPLORE)]
+    assert budget.chosen == 0 and set(chosen) == {0, 1}
+    assert budget.expected_rate(0) == pytest.approx(1.0)
+
+
+def test_the_heads_run_after_a_tree_step_is_priced_against_a_plain_step():
+    """A one-node tree accepted 45% of the time at 1.3x a plain verify wins 1.45 / 1.3 = 1.12x
+    alone, but not once the head's run over the verified rows (0.2 of a step) is counted."""
+    budget = TreeBudget(1, {1: 1.0, 2: 1.3})
+    for i in range(WARMUP + 80):
+        budget.record_tree(1, [0] if i % 20 < 9 else [])
+    budget.choose()
+    assert budget.choose() == 1
+    budget.record_feed(0.2)
+    assert budget.draft_seconds(0) == 0.0 and budget.draft_seconds(1) == pytest.approx(0.2)
+    assert budget.choose() == 0
