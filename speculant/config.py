@@ -292,8 +292,8 @@ class TreeConfig:
     topk: int = option(4, "children per expanded node (dynamic: also frontier nodes expanded per level)")
     auto_budget: bool = option(
         False,
-        "choose each step's node count (num_draft_tokens the most) that maximises expected tokens/s, "
-        "from the verify cost measured at start-up and the measured acceptance",
+        "choose each step's node count (num_draft_tokens the most; 0: a plain step) that maximises expected tokens/s, "
+        "from the verify cost measured at start-up and the measured acceptance (always on with adaptive_k)",
     )
 
     def __post_init__(self) -> None:

@@ -64,6 +64,7 @@ class EagleProposer(MtpProposer):
         self._tokens: torch.Tensor | None = None  # [B, n] the step's tree tokens (device)
         self._depths: list[int] = []  # [B] each tree's depth (0: no tree)
         self._sizes: list[int] = []  # [B] each tree's node count
+        self._timed_budget: int | None = None  # the decode step's budget, for `observe`
 
     # ---- sizes --------------------------------------------------------------------------------
 
@@ -135,7 +136,16 @@ class EagleProposer(MtpProposer):
     def speculates(self, batch: Batch) -> bool:
         if self.chooser is not None and batch.is_decode:
             self.step_budget = self.chooser.choose()
-        return super().speculates(batch)
+        speculative = super().speculates(batch)
+        self._timed_budget = (self.step_budget if speculative else 0) if self.chooser is not None and batch.is_decode else None
+        return speculative
+
+    def observe(self, result: StepResult, seconds: float) -> None:
+        """A decode step's whole time, by the budget it ran at (0: plain), for the chooser."""
+        super().observe(result, seconds)
+        if self._timed_budget is not None:
+            self.chooser.record_step(self._timed_budget, seconds)
+            self._timed_budget = None
 
     def update(self, result: StepResult) -> Forwards[None]:
         """With auto_budget: each verified tree's size and accepted path count for every budget."""

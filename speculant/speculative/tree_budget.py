@@ -13,7 +13,12 @@ so on a GPU; so the budget comes from two measurements instead of a constant:
   the budgets just above the choice stay measured at little cost and a better larger one is found
   by climbing.
 
-expected tokens/s (b) = (1 + mean accepted at b) / (verify seconds (b + 1) + draft seconds (b))
+expected tokens/s (b) = (1 + mean accepted at b) / step seconds (b)
+
+Step seconds are measured per budget (a moving average of whole decode steps, proposing and the
+head included) once a few steps ran at it, and estimated before: verify seconds (b + 1) + draft
+seconds (b). The estimate alone misses the host's work around a tree: on a Zen 1 CPU it priced a
+one-node tree 10% above a plain step where it was 16% below.
 
 Budget 0 is a plain step (one token for one row's verify): where no tree pays, the chooser
 takes it, and exploration then verifies a one-node tree every EXPLORE steps.
@@ -34,6 +39,7 @@ from speculant.speculative.cost_model import MovingAverage
 
 WARMUP = 16  # trees verified at the largest budget before choosing
 EXPLORE = 8  # then every EXPLORE-th step verifies twice the chosen budget
+MEASURED = 3  # steps at a budget before their measured time replaces the estimate
 
 
 def measure_points(max_budget: int) -> list[int]:
@@ -59,6 +65,7 @@ class TreeBudget:
         self.trees = np.zeros(max_budget + 1)  # [b] trees of size >= b seen
         self.level_s = MovingAverage(0.0)  # seconds per head level grown
         self.feed_s = MovingAverage(0.0)  # seconds of the head's run over a tree step's verified rows
+        self.step_s: dict[int, MovingAverage] = {}  # budget -> measured seconds of a whole step at it
         self.steps = 0
         self.chosen = max_budget
 
@@ -83,13 +90,25 @@ class TreeBudget:
         verified rows after (none for budget 0: the head waits, `MtpProposer.follows_lazily`)."""
         return self.level_s.value * grown_levels(self.depth, budget) + (self.feed_s.value if budget else 0.0)
 
+    def record_step(self, budget: int, seconds: float) -> None:
+        """A decode step at `budget` (0: plain) took `seconds`, everything counted."""
+        self.step_s.setdefault(budget, MovingAverage(0.0)).update(seconds)
+
+    def step_seconds(self, budget: int) -> float:
+        """Measured seconds of a step at the budget once MEASURED steps ran at it, else the parts'
+        estimate (verify + head), which leaves out the host's work around a tree."""
+        measured = self.step_s.get(budget)
+        if measured is not None and measured.count >= MEASURED:
+            return measured.value
+        return self.verify_seconds(budget + 1) + self.draft_seconds(budget)
+
     def verify_seconds(self, tokens: int) -> float:
         return float(np.interp(tokens, self.verify_t, self.verify_s))
 
     def expected_rate(self, budget: int) -> float:
         """Expected tokens per second of a step verifying a tree of `budget` nodes."""
         tau = 1.0 + self.accepted[budget] / max(self.trees[budget], 1.0)
-        return tau / (self.verify_seconds(budget + 1) + self.draft_seconds(budget))
+        return tau / self.step_seconds(budget)
 
     def choose(self) -> int:
         """The budget of the next step."""

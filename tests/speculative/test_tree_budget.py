@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from speculant.speculative.tree_budget import EXPLORE, WARMUP, TreeBudget, measure_points
+from speculant.speculative.tree_budget import EXPLORE, MEASURED, WARMUP, TreeBudget, measure_points
 
 
 def test_measure_points_cover_the_budget():
@@ -78,3 +78,17 @@ def test_the_heads_run_after_a_tree_step_is_priced_against_a_plain_step():
     budget.record_feed(0.2)
     assert budget.draft_seconds(0) == 0.0 and budget.draft_seconds(1) == pytest.approx(0.2)
     assert budget.choose() == 0
+
+
+def test_measured_steps_replace_the_estimate():
+    """The parts' estimate makes a one-node tree pay; whole steps measured at each budget say a
+    plain step pays more, and after MEASURED steps at both the choice follows them."""
+    budget = TreeBudget(1, {1: 1.0, 2: 1.3})
+    for i in range(WARMUP + 80):
+        budget.record_tree(1, [0] if i % 2 else [])
+    budget.choose()
+    assert budget.choose() == 1  # 1.5 / 1.3 against 1 / 1
+    for _ in range(MEASURED):
+        budget.record_step(0, 1.0)
+        budget.record_step(1, 1.6)
+    assert budget.step_seconds(1) == pytest.approx(1.6) and budget.choose() == 0
