@@ -29,18 +29,15 @@ import torch
 
 from speculant.attention.batch import SeqInput
 from speculant.core import Batch, DraftProposal, DraftTree, Request, StepResult
-from speculant.executor.plan import TARGET, ForwardPlan, Forwards
+from speculant.executor.plan import ForwardPlan, Forwards
 from speculant.sampling import tree_shape
 from speculant.sampling.sampler import SamplingTensors, processed_probs
 from speculant.speculative import tree
 from speculant.speculative.base import ProposerContext
 from speculant.speculative.mtp import HEAD, MtpProposer
-from speculant.speculative.tree_budget import TreeBudget, measure_points
+from speculant.speculative.tree_budget import TreeBudget
+from speculant.speculative.tree_calibration import measure_verify_seconds
 from speculant.utils.sync import to_list
-
-CALIBRATION_ID = "<tree budget calibration>"  # the page-table id of the start-up measurement
-CALIBRATION_CONTEXT = 1024  # tokens of context the verify cost is measured over
-CALIBRATION_REPEATS = 3  # forwards timed per size (the fastest counts)
 
 
 class EagleProposer(MtpProposer):
@@ -109,28 +106,10 @@ class EagleProposer(MtpProposer):
     # ---- tree size from measured cost -----------------------------------------------------------
 
     def calibrate(self) -> Forwards[None]:
-        """With auto_budget: time target forwards verifying 1..budget + 1 tokens over a context of
-        up to CALIBRATION_CONTEXT tokens, in scratch pages given back after."""
+        """With auto_budget: the verify cost of every tree size, measured once (`tree_calibration`)."""
         if not self.auto_budget:
             return
-        capacity = min(self.ctx.target_arch.max_position, self.pages.allocator.num_pages * self.pages.page_size)
-        context = max(1, min(CALIBRATION_CONTEXT, capacity - self.budget - 2))
-        self.pages.ensure(CALIBRATION_ID, context + self.budget + 1)
-        table = self.pages.table(CALIBRATION_ID)
-        try:
-            yield ForwardPlan(TARGET, [SeqInput([0] * context, 0, table, logits="none")])
-            seconds = {}
-            for t in measure_points(self.budget):
-                chain = [-1] + list(range(t - 2))
-                step = [SeqInput([0] * t, context, table, positions=tree_shape.verify_positions(chain[: t - 1], context), logits="all", tree_mask=tree_shape.verify_mask(chain[: t - 1]))]
-                times = []
-                for _ in range(CALIBRATION_REPEATS):
-                    start = time.perf_counter()
-                    yield ForwardPlan(TARGET, step)
-                    times.append(time.perf_counter() - start)
-                seconds[t] = min(times)
-        finally:
-            self.pages.release(CALIBRATION_ID)
+        seconds = yield from measure_verify_seconds(self.pages, self.ctx.target_arch.max_position, self.budget)
         self.chooser = TreeBudget(self.budget, seconds, self.depth)
 
     def speculates(self, batch: Batch) -> bool:
