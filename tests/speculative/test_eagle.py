@@ -24,12 +24,6 @@ TREES = {"static": dict(tree="static", tree_depth=4, tree_topk=3, num_draft_toke
          "dynamic": dict(tree="dynamic", tree_depth=4, tree_topk=3, num_draft_tokens=10)}
 
 
-@pytest.fixture(scope="module")
-def head(target, plain_outputs):
-    sequences = [p + o for p, o in zip(PROMPTS[::2], plain_outputs[::2])]
-    return fit_head(target, sequences, steps=150)
-
-
 def eagle_llm(target, head, **options):
     return tiny_llm(target, speculative="eagle", draft_checkpoint=head, **options)
 

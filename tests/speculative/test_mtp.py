@@ -25,13 +25,6 @@ GREEDY = greedy_params()
 PROMPTS = MIXED_PROMPTS
 
 
-@pytest.fixture(scope="module")
-def head(target, plain_outputs):
-    """A head fitted on the target's own greedy continuations of half the prompts."""
-    sequences = [p + o for p, o in zip(PROMPTS[::2], plain_outputs[::2])]
-    return fit_head(target, sequences, steps=150)
-
-
 def mtp_llm(target, head, **options):
     options.setdefault("adaptive_k", False)  # these tests check the schedule at a fixed k (test_adaptive: adaptive k)
     return tiny_llm(target, speculative="mtp", draft_checkpoint=head, **options)

@@ -7,19 +7,13 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from testkit import MIXED_PROMPTS, fit_head, greedy_params, tiny_llm
+from testkit import MIXED_PROMPTS, greedy_params, tiny_llm
 
 from speculant.speculative import mtp
 from speculant.speculative.adaptive import AdaptiveK
 
 GREEDY = greedy_params()
 PROMPTS = MIXED_PROMPTS
-
-
-@pytest.fixture(scope="module")
-def head(target, plain_outputs):
-    sequences = [p + o for p, o in zip(PROMPTS[::2], plain_outputs[::2])]
-    return fit_head(target, sequences, steps=150)
 
 
 def run_pattern(target, head, batch_size, monkeypatch, lazy: bool):
