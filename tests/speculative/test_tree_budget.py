@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from speculant.speculative.tree_budget import EXPLORE, MEASURED, RESTING_EXPLORE, WARMUP, TreeBudget, measure_points
+from speculant.speculative.tree_budget import (
+    EXPLORE,
+    MEASURED,
+    RESTING_EXPLORE,
+    WARMUP,
+    TreeBudget,
+    measure_points,
+)
 
 
 def test_measure_points_cover_the_budget():
