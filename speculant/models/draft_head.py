@@ -102,13 +102,16 @@ def _draft_lm_head(target: CausalLM, vocab_map: torch.Tensor, weights_mode: str,
     """The product over the map's rows of the target's lm_head, built once: a step's head runs
     score Nk rows, not the whole vocabulary (nor gather the rows per call). Int8 where the
     target's lm_head is quantized, else in the head's weight mode; None where the rows cannot be
-    read back (an untied quantized lm_head)."""
+    read back (an untied quantized lm_head, or a rank's vocabulary shard under tensor parallelism:
+    the target's own lm_head then scores and gathers every row)."""
     lm_head = getattr(target, "lm_head", None)
     if isinstance(lm_head, DenseLinear):
         weight = lm_head.weight
     elif target.arch.tie_word_embeddings and isinstance(getattr(target, "embed_tokens", None), torch.Tensor):
         weight = target.embed_tokens
     else:
+        return None
+    if weight.shape[0] != target.arch.vocab_size:  # a shard of the vocabulary
         return None
     rows = weight.index_select(0, vocab_map).float()  # [Nk, hidden]
     return make_linear(rows, None, weights_mode if isinstance(lm_head, DenseLinear) else "int8", dtype)
