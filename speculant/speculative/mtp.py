@@ -48,7 +48,7 @@ class MtpProposer(Proposer):
 
     def __init__(self, ctx: ProposerContext) -> None:
         super().__init__(ctx)
-        self.pending: dict[str, tuple[int, torch.Tensor]] = {}  # request id -> (first position, [n, hidden_in] target states)
+        self.pending: dict[str, tuple[int, list[torch.Tensor]]] = {}  # request id -> (first position, [[n_i, hidden_in]] target states, step by step)
         self.carried: dict[str, torch.Tensor] = {}  # request id -> [V] head logits for the next draft
         self.state: dict[str, torch.Tensor] = {}  # request id -> [hidden] head output at that entry
         self._drafts: torch.Tensor | None = None  # [B, k_max] the step's proposal (device)
@@ -94,7 +94,7 @@ class MtpProposer(Proposer):
     def backlog(self, request: Request) -> int:
         """Rows the head must run before it can draft for the request."""
         pending = self.pending.get(request.request_id)
-        return 0 if pending is None else pending[1].shape[0]
+        return 0 if pending is None else sum(rows.shape[0] for rows in pending[1])
 
     # ---- after every target forward ---------------------------------------------------------------
 
@@ -124,7 +124,7 @@ class MtpProposer(Proposer):
                 first, states, ids = starts[b], result.hidden_states.index_select(0, rows), tokens.index_select(0, rows)
                 if behind is not None:
                     first = behind[0]
-                    states, ids = torch.cat([behind[1], states]), torch.cat([self._host_tokens(r, first, starts[b]), ids])
+                    states, ids = torch.cat([*behind[1], states]), torch.cat([self._host_tokens(r, first, starts[b]), ids])
                 parts.append((states, ids))
                 shift.append(sum(len(x.token_ids) for x in inputs) + starts[b] - first - offsets[b])
                 inputs.append(SeqInput([0] * states.shape[0], first, self.pages.table(r.request_id), logits="none"))
@@ -146,16 +146,14 @@ class MtpProposer(Proposer):
         run = []
         for b, r in enumerate(result.requests):
             n = result.row_offsets[b + 1] - result.row_offsets[b]
-            behind = self.pending.get(r.request_id)
-            if (result.speculative and n > 1) or self.backlog(r) + n > BACKLOG_ROWS:
+            waiting = self.backlog(r)
+            if (result.speculative and n > 1) or waiting + n > BACKLOG_ROWS:
                 run.append(b)
                 continue
-            rows = result.hidden_states[result.row_offsets[b] : result.row_offsets[b + 1]]
-            if behind is None:
-                self.pending[r.request_id] = (result.kv_starts[b], rows.clone())
-            else:  # contiguous: the backlog ends where this step's rows start
-                assert behind[0] + behind[1].shape[0] == result.kv_starts[b], "a head backlog with a gap"
-                self.pending[r.request_id] = (behind[0], torch.cat([behind[1], rows]))
+            rows = result.hidden_states[result.row_offsets[b] : result.row_offsets[b + 1]].clone()  # the step's buffer is reused
+            first, kept = self.pending.setdefault(r.request_id, (result.kv_starts[b], []))
+            assert first + waiting == result.kv_starts[b], "a head backlog with a gap"
+            kept.append(rows)
         return run
 
     def _host_tokens(self, r: Request, start: int, end: int) -> torch.Tensor:
@@ -165,16 +163,17 @@ class MtpProposer(Proposer):
     def _catch_up(self, behind: list[Request]) -> Forwards[None]:
         """Run the backlogs of requests about to draft, one forward of at most the token budget
         at a time, and tell adaptive k the time (it prices long backlogs per row)."""
-        start, budget, total = time.perf_counter(), self.ctx.max_num_batched_tokens, 0
+        start, budget, total, used = time.perf_counter(), self.ctx.max_num_batched_tokens, 0, 0
         groups: list[list[Request]] = [[]]
         for r in behind:
             n = self.backlog(r)
-            if groups[-1] and sum(self.backlog(x) for x in groups[-1]) + n > budget:
+            if groups[-1] and used + n > budget:
                 groups.append([])
+                used = 0
             groups[-1].append(r)
-            total += n
+            used, total = used + n, total + n
         for group in groups:
-            pending = [self.pending.pop(r.request_id) for r in group]
+            pending = [(first, torch.cat(kept)) for first, kept in (self.pending.pop(r.request_id) for r in group)]
             inputs = [SeqInput([0] * h.shape[0], first, self.pages.table(r.request_id), logits="none") for r, (first, h) in zip(group, pending)]
             ids = torch.cat([self._host_tokens(r, first, first + h.shape[0]) for r, (first, h) in zip(group, pending)])
             ends = torch.tensor(list(itertools.accumulate(h.shape[0] for _, h in pending)), device=ids.device) - 1
