@@ -13,17 +13,19 @@ from speculant.executor.model_runner import ModelRunner
 FP32 = 4
 
 
-def activation_bytes(runner: ModelRunner, tokens: int) -> int:
+def activation_bytes(runner: ModelRunner, tokens: int, exposed_layers: int = 0) -> int:
     """One decoder layer's live activations at `tokens` tokens (layers run one after another):
     the residual and the normed input, then either the gate/up product twice while `linear`
     makes it contiguous ([T, 2I] x 2), or the fused qkv twice and four rotary temporaries of the
-    q and k heads; plus the forward's returned hidden states. On a CPU a half-precision weight is
+    q and k heads; plus the forward's returned hidden states. A model exposing `exposed_layers`
+    feature layers (an eagle3 head reads them, `Executor.expose_features`) also holds each one's
+    output and their concatenation ([T, hidden] x 2 a layer). On a CPU a half-precision weight is
     widened to fp32 for many-row products: the largest (the lm_head or the fused gate/up) and
     the fp32 input and output rows."""
     a, elt = runner.arch, runner.dtype.itemsize
     mlp = 4 * a.intermediate_size
     attn = 2 * (a.q_size + 2 * a.kv_size) + 4 * (a.q_size + a.kv_size)
-    per_token = 3 * a.hidden_size + max(mlp, attn, deepseek_per_token(a))
+    per_token = (3 + 2 * exposed_layers) * a.hidden_size + max(mlp, attn, deepseek_per_token(a))
     upcast = 0
     if runner.device.type == "cpu" and runner.dtype != torch.float32:
         widest = max(a.vocab_size, 2 * a.intermediate_size)

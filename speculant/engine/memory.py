@@ -85,14 +85,19 @@ def plan_engine(config: EngineConfig, executor: Executor, proposer: Proposer, bu
     per_page = kv_bytes_per_page([target, *drafts], cache.page_size)
     # One sequence at the full context, plus the k drafts and the bonus slot a step may write.
     min_pages = -(-(target.arch.max_position + config.speculative.num_draft_tokens + 1) // cache.page_size)
-    num_pages = kv_pages(cache, plan_memory(config, target, drafts, extra, 0), per_page, budget, min_pages)
-    plan = plan_memory(config, target, drafts, extra, num_pages)
+    exposed = len(executor.exposed_layers(TARGET))
+    num_pages = kv_pages(cache, plan_memory(config, target, drafts, extra, 0, exposed), per_page, budget, min_pages)
+    plan = plan_memory(config, target, drafts, extra, num_pages, exposed)
     check_budget(plan, budget)
     return plan
 
 
-def plan_memory(config: EngineConfig, target: ModelRunner, drafts: list[ModelRunner], proposer_bytes: dict[str, int], num_pages: int) -> MemoryPlan:
-    """The plan for `num_pages` KV pages; `proposer_bytes` holds the proposer's own items."""
+def plan_memory(
+    config: EngineConfig, target: ModelRunner, drafts: list[ModelRunner], proposer_bytes: dict[str, int], num_pages: int,
+    exposed_layers: int = 0,
+) -> MemoryPlan:
+    """The plan for `num_pages` KV pages; `proposer_bytes` holds the proposer's own items;
+    `exposed_layers`: the feature layers the target's forwards expose (an eagle3 head's)."""
     sched, k = config.scheduler, config.speculative.num_draft_tokens if config.speculative.enabled else 0
     batch, vocab = sched.max_num_seqs, target.arch.vocab_size
     rows = batch * (k + 1)  # N
@@ -106,7 +111,7 @@ def plan_memory(config: EngineConfig, target: ModelRunner, drafts: list[ModelRun
         draft_probs=proposer_bytes.get("draft_probs", 0),
         verify=rows * vocab * FP32 * (2 if k else 1),
         sampling=SAMPLING_ROWS * rows * vocab * FP32,
-        activations=max(activation_bytes(r, tokens) for r in runners),
+        activations=max([activation_bytes(target, tokens, exposed_layers), *(activation_bytes(r, tokens) for r in drafts)]),
         attention=sum(largest_step_attention(r, config, k) for r in runners),
         kernel_workspace=max(largest_packed_bytes(r.model) for r in runners),
         num_pages=num_pages,

@@ -74,6 +74,10 @@ class Executor:
             raise ValueError(f"feature_layers: the {model} model already exposes layers {list(self._features[model])}, not {list(layers)}")
         self._features[model] = layers
 
+    def exposed_layers(self, model: str) -> tuple[int, ...]:
+        """The feature layers `model`'s forwards expose (`expose_features`); () for none."""
+        return self._features.get(model, ())
+
     def add_runner(self, name: str, runner: ModelRunner) -> None:
         """Own an already built runner (a tensor-parallel worker's head shard)."""
         self._runners[name] = runner

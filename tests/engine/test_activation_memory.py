@@ -31,3 +31,10 @@ def test_half_precision_on_a_cpu_counts_the_widened_weight(llama):
     a = runner.arch
     widest = max(a.vocab_size, 2 * a.intermediate_size)
     assert activation_bytes(runner, 0) == FP32 * widest * a.hidden_size
+
+
+def test_exposed_feature_layers_add_their_outputs_and_concatenation(llama):
+    runner = build_runner(TinyCheckpoint(llama), ModelConfig(model="tiny"))
+    h, tokens = runner.arch.hidden_size, 32
+    added = activation_bytes(runner, tokens, exposed_layers=3) - activation_bytes(runner, tokens)
+    assert added == tokens * 2 * 3 * h * FP32

@@ -1,7 +1,7 @@
 """Greedy speculation is exact in every weight mode: the tokens of n-gram, draft-target, MTP and
 EAGLE (static and dynamic trees) equal plain decoding's token for token with fp32, bf16, int8
 and int4 weights, alone and in a batch of 8 (with an eagle3 head too, reading the target's
-feature layers: fp32 and int8); and a request's plain tokens are the same alone and
+feature layers, in every mode); and a request's plain tokens are the same alone and
 beside other requests. Exactness, not closeness: the forward is row-invariant
 (tests/executor/test_batch_invariance.py), so no near-tie may excuse a parting."""
 
@@ -86,7 +86,7 @@ def test_greedy_speculation_equals_plain_in_every_weight_mode(models, plain, wei
 
 
 @pytest.mark.parametrize("method", ["mtp", "eagle-static", "eagle-dynamic"])
-@pytest.mark.parametrize("weights", ["fp32", "int8"])
+@pytest.mark.parametrize("weights", MODES)
 def test_greedy_speculation_with_an_eagle3_head_equals_plain(models, eagle3_head, plain, weights, method):
     llm = _llm((models[0], models[1], eagle3_head), weights, method)
     assert llm.engine.executor._features == {"target": (1, 1, 0)}  # the tiny target's 2 layers: the default, brought in
