@@ -26,7 +26,7 @@ import torch.distributed as dist
 from speculant.config import ModelConfig
 from speculant.models.head import HEAD_VARIANTS
 from speculant.models.head_features import parse_feature_layers
-from speculant.training.trainer import TrainOptions
+from speculant.training.trainer import HEAD_DTYPES, TrainOptions
 
 STAGES = ("self-prompts", "responses", "hidden", "train")
 _TRAIN_HELP = {
@@ -46,6 +46,7 @@ _TRAIN_HELP = {
     "heldout": "conversations kept out of training; KL and top-1 agreement on them logged every checkpoint (val_* in train_log.csv)",
     "init_layer": "start the head's decoder layer as a copy of the target's layer N (-1: random init)",
     "feature_layers": "eagle3: the three target layers read, e.g. 2,15,27 (default: 2,L/2,L-3 of an L-layer target)",
+    "head_dtype": "dtype of the saved head file's tensors (bfloat16 halves the file; training runs in fp32 alike)",
 }
 _TYPES = {"feature_layers": parse_feature_layers}  # options whose flag is not their default's type
 
@@ -68,7 +69,7 @@ def add_train_head_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop-after", choices=STAGES, default=None, help="stop after this stage (later runs resume from it)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     for f in dataclasses.fields(TrainOptions):
-        choices = HEAD_VARIANTS if f.name == "variant" else None
+        choices = {"variant": HEAD_VARIANTS, "head_dtype": tuple(HEAD_DTYPES)}.get(f.name)
         flag = "--" + f.name.replace("_", "-")
         kind = _TYPES.get(f.name, type(f.default))
         p.add_argument(flag, type=kind, default=f.default, choices=choices, help=_TRAIN_HELP[f.name])

@@ -55,10 +55,12 @@ def _dense(weights: dict, name: str) -> torch.Tensor:
 
 def save_trained_head(
     folder: pathlib.Path, model, target: TargetTensors, variant: str, training: dict[str, Any], feature_layers: tuple[int, ...] = (),
+    dtype: torch.dtype = torch.float32,
 ) -> pathlib.Path:
-    """`model` (a HeadObjective) as a head file for `target`; `training` says how it was made;
-    `feature_layers`: the target layers an eagle3 head reads."""
-    weights = {k: v.detach().clone() for k, v in model.head_weights().items()}
+    """`model` (a HeadObjective) as a head file for `target`, its tensors in `dtype` (a head is
+    cast to its target's dtype when loaded); `training` says how it was made; `feature_layers`:
+    the target layers an eagle3 head reads."""
+    weights = {k: v.detach().to(dtype) for k, v in model.head_weights().items()}
     vocab_map = model.vocab_map
     if vocab_map is not None:
         weights["vocab_map"] = vocab_map

@@ -41,6 +41,8 @@ CHECKPOINT = "checkpoint.pt"
 CURVE = "train_log.csv"
 PLOT = "loss.png"
 HEAD_DIR = "head"
+HEAD_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_NOT_TRAINING = ("steps", "checkpoint_every", "head_dtype")  # options a resumed run may change
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,7 @@ class TrainOptions:
     heldout: int = 0  # conversations kept out of training, scored every checkpoint (val_* columns)
     init_layer: int = -1  # copy the target's decoder layer N into the head's block; -1: random init
     feature_layers: tuple[int, ...] = ()  # eagle3: the target layers read; (): (2, L // 2, L - 3)
+    head_dtype: str = "float32"  # the saved head file's floating tensors (training runs in fp32 alike)
 
     def __post_init__(self) -> None:
         if self.variant not in HEAD_VARIANTS:
@@ -76,6 +79,8 @@ class TrainOptions:
         for name in ("draft_vocab", "heldout"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.head_dtype not in HEAD_DTYPES:
+            raise ValueError(f"head_dtype must be one of {list(HEAD_DTYPES)}, got {self.head_dtype!r}")
         if self.init_layer < -1:
             raise ValueError(f"init_layer must be a layer index or -1 (random init), got {self.init_layer}")
 
@@ -158,7 +163,7 @@ def train(
     head_dir = out_dir / HEAD_DIR
     if rank == 0:
         notes = {**asdict(options), "steps_done": end, **(record or {})}
-        save_trained_head(head_dir, model, target, options.variant, notes, layers)
+        save_trained_head(head_dir, model, target, options.variant, notes, layers, HEAD_DTYPES[options.head_dtype])
         plot_curves({options.variant: out_dir / CURVE}, out_dir / PLOT)
     if world > 1:
         dist.barrier()
@@ -266,9 +271,9 @@ def _resume(path: pathlib.Path, model, optimizer, options: TrainOptions, device:
     if not path.exists():
         return 0
     state = torch.load(path, weights_only=True, map_location=device)
-    saved = {"feature_layers": (), **{k: v for k, v in state["options"].items() if k not in ("steps", "checkpoint_every")}}
+    saved = {"feature_layers": (), **{k: v for k, v in state["options"].items() if k not in _NOT_TRAINING}}
     saved["feature_layers"] = tuple(saved["feature_layers"])  # absent from checkpoints older than eagle3
-    now = {k: v for k, v in asdict(options).items() if k not in ("steps", "checkpoint_every")}
+    now = {k: v for k, v in asdict(options).items() if k not in _NOT_TRAINING}
     if saved != now:
         changed = {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
         raise ValueError(f"{path}: a checkpoint of other training options {changed} (old, new); use another --out")

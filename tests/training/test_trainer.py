@@ -85,6 +85,17 @@ def test_changed_options_refuse_to_resume(tmp_path, hidden_dir, target):
         train(hidden_dir, tmp_path, target, dataclasses.replace(FAST, lr=1.0), progress=False)
 
 
+def test_a_bfloat16_head_file_is_the_fp32_head_rounded(tmp_path, hidden_dir, target):
+    train(hidden_dir, tmp_path / "fp32", target, FAST, progress=False)
+    train(hidden_dir, tmp_path / "bf16", target, FAST, progress=False, stop_after=3)
+    train(hidden_dir, tmp_path / "bf16", target, dataclasses.replace(FAST, head_dtype="bfloat16"), progress=False)  # resumes
+    a, b = _head(tmp_path / "fp32"), _head(tmp_path / "bf16")
+    assert a.keys() == b.keys() and torch.equal(a["vocab_map"], b["vocab_map"])
+    assert all(b[k].dtype == torch.bfloat16 and torch.equal(a[k].bfloat16(), b[k]) for k in a if k != "vocab_map")
+    with pytest.raises(ValueError, match="head_dtype"):
+        TrainOptions(head_dtype="float16")
+
+
 def test_shared_tensors_stay_frozen_and_out_of_the_head_file(tmp_path, hidden_dir, target, checkpoint):
     embed_before = target.embed.clone()
     train(hidden_dir, tmp_path, target, FAST, progress=False)
