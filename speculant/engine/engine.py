@@ -57,6 +57,7 @@ class Engine:
             ProposerContext(
                 config.speculative, config.model, self.arch, self.device, self.generator, draft_checkpoint,
                 config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens,
+                target_features=config.parallel.tensor_parallel_size == 1,
             )
         )
         try:

@@ -44,6 +44,7 @@ class ProposerContext:
     draft_checkpoint: Any = None  # a loaded draft checkpoint (tests); else speculative.draft.model is loaded
     max_num_seqs: int = 64  # the scheduler's bound on sequences per step
     max_num_batched_tokens: int = 512  # the scheduler's token budget: rows one forward may hold (the memory plan's)
+    target_features: bool = True  # the target can hand a head its feature layers' states (not under tensor parallelism)
 
 
 T = TypeVar("T")

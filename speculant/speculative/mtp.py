@@ -61,7 +61,7 @@ class MtpProposer(Proposer):
         if head.path is not None or checkpoint is not None:
             path = head.path or "<in memory>"
         else:
-            path = "<the target's MTP layer>" if own else str(default_head(self.ctx.model.model))
+            path = "<the target's MTP layer>" if own else str(default_head(self.ctx.model.model, self.ctx.target_features))
         config = dataclasses.replace(self.ctx.model, model=path)
         return [ModelSpec(HEAD, config, checkpoint, head_of=TARGET, own_head=own)]
 
