@@ -1,6 +1,7 @@
 """What head training takes from the target: its frozen embedding and lm_head (the checkpoint's own
 tensors), its architecture, its identity (name + sha256) recorded in the head file, and on request
-one of its decoder layers as the head block's starting weights (`--init-layer`)."""
+one of its decoder layers as the head block's starting weights (`--init-layer`); a trained head's
+weights as another run's start (`--init-head`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 import torch
 
 from speculant.config import ArchConfig
-from speculant.loader.head_file import HeadFileConfig, checkpoint_sha256, save_head
+from speculant.loader.head_file import HeadFileConfig, checkpoint_sha256, load_head, save_head
 from speculant.models.head import head_arch, head_weight_shapes
 
 
@@ -74,3 +75,23 @@ def save_trained_head(
         feature_layers=feature_layers,
     )
     return save_head(folder, weights, config)
+
+
+def trained_start(
+    path: str, fresh: dict[str, torch.Tensor], target: TargetTensors, kind: tuple[str, tuple[int, ...]], vocab_map: torch.Tensor | None,
+) -> dict[str, torch.Tensor]:
+    """The head in `path` as fp32 starting weights in place of `fresh`: it must have been trained
+    for this target, be of this run's (variant, feature layers) `kind`, hold the same tensors and
+    the same draft vocabulary (`vocab_map`, from the same data); otherwise an error naming what differs."""
+    head = load_head(path, expect_sha256=target.sha256)
+    where = f"init_head: {path}"
+    if (head.config.variant, head.config.feature_layers) != kind:
+        raise ValueError(f"{where} is a {head.config.variant} head over layers {list(head.config.feature_layers)}; this run trains {kind[0]} over {list(kind[1])}")
+    saved = {k: v for k, v in head.weights.items() if k != "vocab_map"}
+    differ = sorted(k for k in saved.keys() | fresh.keys() if k not in saved or k not in fresh or saved[k].shape != fresh[k].shape)
+    if differ:
+        raise ValueError(f"{where}: tensors {differ} are missing or shaped unlike this run's head")
+    stored_map = head.weights.get("vocab_map")
+    if (stored_map is None) != (vocab_map is None) or (vocab_map is not None and not torch.equal(stored_map.long(), vocab_map.long())):
+        raise ValueError(f"{where}: its draft vocabulary is not this run's (--draft-vocab over the same data)")
+    return {k: v.float() for k, v in saved.items()}

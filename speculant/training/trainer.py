@@ -35,7 +35,7 @@ from speculant.training.batches import (
 from speculant.training.curves import CurveLog, plot_curves
 from speculant.training.hidden import load_counts, load_shards
 from speculant.training.objective import HeadObjective
-from speculant.training.target import TargetTensors, save_trained_head
+from speculant.training.target import TargetTensors, save_trained_head, trained_start
 
 CHECKPOINT = "checkpoint.pt"
 CURVE = "train_log.csv"
@@ -64,6 +64,7 @@ class TrainOptions:
     init_layer: int = -1  # copy the target's decoder layer N into the head's block; -1: random init
     feature_layers: tuple[int, ...] = ()  # eagle3: the target layers read; (): (2, L // 2, L - 3)
     head_dtype: str = "float32"  # the saved head file's floating tensors (training runs in fp32 alike)
+    init_head: str = ""  # start from this trained head's weights (e.g. unroll-1 weights before an unrolled run)
 
     def __post_init__(self) -> None:
         if self.variant not in HEAD_VARIANTS:
@@ -83,6 +84,8 @@ class TrainOptions:
             raise ValueError(f"head_dtype must be one of {list(HEAD_DTYPES)}, got {self.head_dtype!r}")
         if self.init_layer < -1:
             raise ValueError(f"init_layer must be a layer index or -1 (random init), got {self.init_layer}")
+        if self.init_head and self.init_layer >= 0:
+            raise ValueError("init_head and init_layer both choose the head's starting weights; give one")
 
 
     def layers_read(self, num_layers: int) -> tuple[int, ...]:
@@ -208,6 +211,8 @@ def start_weights(target: TargetTensors, options: TrainOptions, vocab_map: torch
     An eagle3 head's own lm_head starts as the target's rows of the draft vocabulary `vocab_map`."""
     rows = target.lm_head if vocab_map is None else target.lm_head.index_select(0, vocab_map)  # [Nk, H]
     weights = init_head_weights(target.arch, options.variant, options.seed, lm_head=rows)
+    if options.init_head:
+        return trained_start(options.init_head, weights, target, (options.variant, options.layers_read(target.arch.num_layers)), vocab_map)
     if options.init_layer >= 0:
         eye = torch.eye(target.arch.hidden_size)
         weights |= target.layer(options.init_layer) | {"eh_proj.weight": torch.cat([eye, eye], dim=1) / 2}
@@ -271,7 +276,7 @@ def _resume(path: pathlib.Path, model, optimizer, options: TrainOptions, device:
     if not path.exists():
         return 0
     state = torch.load(path, weights_only=True, map_location=device)
-    saved = {"feature_layers": (), **{k: v for k, v in state["options"].items() if k not in _NOT_TRAINING}}
+    saved = {"feature_layers": (), "init_head": "", **{k: v for k, v in state["options"].items() if k not in _NOT_TRAINING}}
     saved["feature_layers"] = tuple(saved["feature_layers"])  # absent from checkpoints older than eagle3
     now = {k: v for k, v in asdict(options).items() if k not in _NOT_TRAINING}
     if saved != now:

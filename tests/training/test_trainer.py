@@ -243,3 +243,17 @@ def test_init_layer_starts_the_block_as_the_targets_layer(tmp_path, hidden_dir, 
         target.layer(target.arch.num_layers)
     with pytest.raises(ValueError, match="init_layer"):
         TrainOptions(init_layer=-2)
+
+
+def test_init_head_starts_from_a_trained_heads_weights(tmp_path, hidden_dir, target):
+    train(hidden_dir, tmp_path / "first", target, dataclasses.replace(FAST, unroll=1), progress=False)
+    first = tmp_path / "first" / "head"
+    again = TrainOptions(steps=1, lr=0.0, warmup_steps=1, draft_vocab=120, unroll=2, init_head=str(first))
+    train(hidden_dir, tmp_path / "second", target, again, progress=False)
+    a, b = _head(tmp_path / "first"), _head(tmp_path / "second")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # lr 0: the start, saved
+    for changed, what in (({"draft_vocab": 100}, "draft vocabulary|shaped"), ({"variant": "eagle"}, "normed head")):
+        with pytest.raises(ValueError, match=what):
+            train(hidden_dir, tmp_path / what[:5], target, dataclasses.replace(again, **changed), progress=False)
+    with pytest.raises(ValueError, match="init_head and init_layer"):
+        TrainOptions(init_head=str(first), init_layer=0)
