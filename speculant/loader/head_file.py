@@ -125,11 +125,11 @@ def default_head(model: str, target_features: bool = True) -> pathlib.Path:
     """The head shipped for a registry model, e.g. `speculant/heads/smollm2-135m`. Where the
     target cannot hand a head its feature layers' states (`target_features` False: tensor
     parallelism), the model's shipped head that reads none, `speculant/heads/<model>-normed`."""
-    shipped = sorted(p.name for p in HEADS_DIR.iterdir() if (p / _CONFIG).is_file()) if HEADS_DIR.is_dir() else []
     for name in (model, f"{model}-normed"):
         folder = HEADS_DIR / name
         if (folder / _CONFIG).is_file() and (target_features or not json.loads((folder / _CONFIG).read_text()).get("feature_layers")):
             return folder
+    shipped = sorted(p.name for p in HEADS_DIR.iterdir() if (p / _CONFIG).is_file()) if HEADS_DIR.is_dir() else []
     reads = "" if target_features else " that reads no feature layers (tensor_parallel_size > 1)"
     raise ValueError(f"head: no head{reads} ships for model {model!r} (shipped: {shipped}); pass head=PATH")
 
