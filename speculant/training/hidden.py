@@ -11,7 +11,9 @@ Sequences are written in order as safetensors shards of about `shard_tokens` tok
     topk_logprobs [T, K] fp16, cu_seqlens [B + 1] int64, prompt_lens [B] int64
 
 `manifest.json` lists finished shards and the layers stored; a rerun keeps them and continues
-from the next sequence (one made for other layers is refused: delete the folder to recompute).
+from the next sequence (one made for other layers is refused: delete the folder to recompute). A
+data set grown by appending conversations extends the shards: the stored ones are checked to be its
+first sequences, token for token, and only the new ones run.
 `token_counts.safetensors` holds how often each target token occurs in the responses, so the
 trainer can keep the N most frequent as a reduced draft vocabulary for any N.
 """
@@ -105,7 +107,7 @@ def precompute(
     """Write the shards (resuming), then the token counts; returns the manifest.
     `stop_after_shards` stops early after writing that many new shards (tests of resume)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    manifest = _open_manifest(out_dir, checkpoint, model_config, options, len(sequences))
+    manifest = _open_manifest(out_dir, checkpoint, model_config, options, sequences)
     if manifest["complete"]:
         return manifest
     start = sum(s["num_seqs"] for s in manifest["shards"])
@@ -126,9 +128,9 @@ def precompute(
     return manifest
 
 
-def _open_manifest(out_dir, checkpoint, model_config, options, num_sequences: int) -> dict:
+def _open_manifest(out_dir, checkpoint, model_config, options, sequences: list[Sequence]) -> dict:
     settings = {
-        "model": model_config.model, "dtype": model_config.dtype, "num_sequences": num_sequences,
+        "model": model_config.model, "dtype": model_config.dtype, "num_sequences": len(sequences),
         "hidden_size": checkpoint.arch.hidden_size, "vocab_size": checkpoint.arch.vocab_size, **asdict(options),
     }
     settings["feature_layers"] = list(options.feature_layers)  # as JSON reads it back
@@ -141,10 +143,29 @@ def _open_manifest(out_dir, checkpoint, model_config, options, num_sequences: in
             raise ValueError(f"{path}: holds the states of {what(stored)}, this run needs {what(settings['feature_layers'])}; delete {out_dir} to recompute them")
         changed = {k: (manifest["settings"].get(k), v) for k, v in settings.items() if manifest["settings"].get(k) != v}
         changed.pop("forward_tokens", None)  # batching does not change what is stored
+        grown = changed.pop("num_sequences", None)
         if changed:
             raise ValueError(f"{path}: made with other settings {changed} (old, new); use another --out or delete it")
+        if grown:
+            _check_prefix(out_dir, manifest, sequences)
+            manifest["settings"]["num_sequences"], manifest["complete"] = len(sequences), False
         return manifest
     return {"settings": settings, "shards": [], "complete": False}
+
+
+def _check_prefix(out_dir: pathlib.Path, manifest: dict, sequences: list[Sequence]) -> None:
+    """A grown data set (more conversations appended) extends the stored shards, which must hold
+    its first sequences, token for token; anything else is refused."""
+    stored = manifest["settings"]["num_sequences"]
+    if len(sequences) < stored:
+        raise ValueError(f"{out_dir}: holds {stored} conversations, this run has {len(sequences)}; delete {out_dir} to recompute")
+    for shard in manifest["shards"]:
+        tensors = load_file(str(out_dir / shard["file"]))
+        tokens, cu, prompts = tensors["tokens"].tolist(), tensors["cu_seqlens"].tolist(), tensors["prompt_lens"].tolist()
+        for b, seq in enumerate(sequences[shard["first"] : shard["first"] + shard["num_seqs"]]):
+            if tokens[cu[b] : cu[b + 1]] != seq.tokens or prompts[b] != seq.prompt_len:
+                raise ValueError(f"{out_dir}: conversation {shard['first'] + b} differs from the stored one "
+                                 f"(only appending conversations extends the shards); delete {out_dir} to recompute")
 
 
 def _shard_groups(sequences: list[Sequence], start: int, shard_tokens: int):

@@ -1,5 +1,6 @@
 """Hidden-state shards: what they hold equals the target's own forward (checked against
-transformers), an interrupted precompute resumes to the same files, token counts."""
+transformers), an interrupted precompute resumes to the same files, appended conversations extend
+them, token counts."""
 
 from __future__ import annotations
 
@@ -64,6 +65,25 @@ def test_interrupted_precompute_resumes_to_the_same_shards(tmp_path, checkpoint)
     for a, b in zip(whole, resumed):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert torch.equal(load_counts(cut), load_counts(tmp_path / "whole"))
+
+
+def test_appended_conversations_extend_the_shards(tmp_path, checkpoint):
+    sequences, config = _sequences(), ModelConfig(model="tiny")
+    precompute(checkpoint, config, sequences, tmp_path / "whole", OPTIONS, progress=False)
+    grown = tmp_path / "grown"
+    precompute(checkpoint, config, sequences[:5], grown, OPTIONS, progress=False)
+    first_shards = load_shards(grown)[0]["shards"]
+    manifest = precompute(checkpoint, config, sequences, grown, OPTIONS, progress=False)
+    assert manifest["complete"] and manifest["shards"][: len(first_shards)] == first_shards
+    whole, extended = load_shards(tmp_path / "whole")[1], load_shards(grown)[1]
+    for key in ("tokens", "hidden", "topk_ids", "topk_logprobs"):  # the same rows, other shard cuts
+        assert torch.equal(torch.cat([s[key] for s in whole]), torch.cat([s[key] for s in extended])), key
+    assert torch.equal(load_counts(grown), load_counts(tmp_path / "whole"))
+    other = [Sequence([7] * 8, prompt_len=3)] + sequences[1:]
+    with pytest.raises(ValueError, match="conversation 0 differs"):
+        precompute(checkpoint, config, other + sequences[:2], grown, OPTIONS, progress=False)
+    with pytest.raises(ValueError, match="holds 9 conversations, this run has 8"):
+        precompute(checkpoint, config, sequences[:8], grown, OPTIONS, progress=False)
 
 
 def test_changed_settings_are_refused(tmp_path, checkpoint):
