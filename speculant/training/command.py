@@ -47,6 +47,7 @@ _TRAIN_HELP = {
     "init_layer": "start the head's decoder layer as a copy of the target's layer N (-1: random init)",
     "feature_layers": "eagle3: the three target layers read, e.g. 2,15,27 (default: 2,L/2,L-3 of an L-layer target)",
     "init_head": "start from this trained head folder's weights (same target, variant, tensors and draft vocabulary), e.g. unroll-1 weights before --unroll 2",
+    "freeze_lm_head": "eagle3: keep the head's lm_head at the target's rows of the draft vocabulary (not trained)",
     "head_dtype": "dtype of the saved head file's tensors (bfloat16 halves the file; training runs in fp32 alike)",
 }
 _TYPES = {"feature_layers": parse_feature_layers}  # options whose flag is not their default's type
@@ -72,6 +73,9 @@ def add_train_head_arguments(p: argparse.ArgumentParser) -> None:
     for f in dataclasses.fields(TrainOptions):
         choices = {"variant": HEAD_VARIANTS, "head_dtype": tuple(HEAD_DTYPES)}.get(f.name)
         flag = "--" + f.name.replace("_", "-")
+        if isinstance(f.default, bool):
+            p.add_argument(flag, action="store_true", help=_TRAIN_HELP[f.name])
+            continue
         kind = _TYPES.get(f.name, type(f.default))
         p.add_argument(flag, type=kind, default=f.default, choices=choices, help=_TRAIN_HELP[f.name])
 

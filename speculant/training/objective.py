@@ -58,6 +58,10 @@ class HeadObjective(nn.Module):
         self.draft_index = _draft_index(vocab_map, lm_head.shape[0])
         self.attention_block = ATTENTION_BLOCK
 
+    def freeze(self, name: str) -> None:
+        """Keep the head tensor `name` at its starting value (no gradient, so AdamW skips it)."""
+        getattr(self, _param_name(name)).requires_grad_(False)
+
     def head_weights(self) -> dict[str, torch.Tensor]:
         return {name: getattr(self, _param_name(name)) for name in self.names}
 

@@ -65,6 +65,7 @@ class TrainOptions:
     feature_layers: tuple[int, ...] = ()  # eagle3: the target layers read; (): (2, L // 2, L - 3)
     head_dtype: str = "float32"  # the saved head file's floating tensors (training runs in fp32 alike)
     init_head: str = ""  # start from this trained head's weights (e.g. unroll-1 weights before an unrolled run)
+    freeze_lm_head: bool = False  # eagle3: keep its lm_head at the target's rows (the ablation of training it)
 
     def __post_init__(self) -> None:
         if self.variant not in HEAD_VARIANTS:
@@ -84,6 +85,8 @@ class TrainOptions:
             raise ValueError(f"head_dtype must be one of {list(HEAD_DTYPES)}, got {self.head_dtype!r}")
         if self.init_layer < -1:
             raise ValueError(f"init_layer must be a layer index or -1 (random init), got {self.init_layer}")
+        if self.freeze_lm_head and self.variant != FEATURE_VARIANT:
+            raise ValueError(f"freeze_lm_head: only the {FEATURE_VARIANT} variant has an lm_head of its own, not {self.variant!r}")
         if self.init_head and self.init_layer >= 0:
             raise ValueError("init_head and init_layer both choose the head's starting weights; give one")
 
@@ -147,6 +150,8 @@ def train(
     weights = {k: v.to(device) for k, v in start_weights(target, options, vocab_map).items()}
     model = HeadObjective(target.arch, options.variant, weights, target.embed.to(device), target.lm_head.to(device),
                           None if vocab_map is None else vocab_map.to(device), options.unroll, options.regression_weight)
+    if options.freeze_lm_head:
+        model.freeze("lm_head.weight")
     optimizer = torch.optim.AdamW(model.parameters(), lr=options.lr, betas=(0.9, 0.95), weight_decay=options.weight_decay)
     start = _resume(out_dir / CHECKPOINT, model, optimizer, options, device)
     ddp_devices = [device] if device.type == "cuda" else None
@@ -276,7 +281,7 @@ def _resume(path: pathlib.Path, model, optimizer, options: TrainOptions, device:
     if not path.exists():
         return 0
     state = torch.load(path, weights_only=True, map_location=device)
-    saved = {"feature_layers": (), "init_head": "", **{k: v for k, v in state["options"].items() if k not in _NOT_TRAINING}}
+    saved = {"feature_layers": (), "init_head": "", "freeze_lm_head": False, **{k: v for k, v in state["options"].items() if k not in _NOT_TRAINING}}
     saved["feature_layers"] = tuple(saved["feature_layers"])  # absent from checkpoints older than eagle3
     now = {k: v for k, v in asdict(options).items() if k not in _NOT_TRAINING}
     if saved != now:

@@ -1,7 +1,8 @@
 """Training an eagle3 head: the shards hold the target's feature layers as the inference path
 exposes them (other layers refused, naming the folder to delete), the head trains, resumes bit
 for bit and saves its own lm_head (the target's tensors stay frozen and unsaved), the trained
-head through the executor computes what training computed, and bad options are refused."""
+head through the executor computes what training computed, a frozen lm_head stays the target's
+rows, and bad options are refused."""
 
 from __future__ import annotations
 
@@ -87,6 +88,20 @@ def test_training_resumes_bit_for_bit_and_saves_its_own_lm_head(tmp_path, featur
     assert not torch.equal(lm_head, target.lm_head[vocab_map])
     assert not any("embed" in k for k in a.weights)
     assert target.embed.data_ptr() == checkpoint.weights["model.embed_tokens.weight"].data_ptr() and not target.embed.requires_grad
+
+
+def test_a_frozen_lm_head_stays_the_targets_rows_while_the_rest_trains(tmp_path, feature_dir, target):
+    train(feature_dir, tmp_path, target, dataclasses.replace(FAST, freeze_lm_head=True), progress=False)
+    head = load_head(tmp_path / "head")
+    assert torch.equal(head.weights["lm_head.weight"], target.lm_head[head.weights["vocab_map"]])
+    assert not torch.equal(head.weights["fc.weight"], load_head(_untrained(feature_dir, target, tmp_path)).weights["fc.weight"])
+    with pytest.raises(ValueError, match="freeze_lm_head: only the eagle3 variant"):
+        TrainOptions(variant="normed", freeze_lm_head=True)
+
+
+def _untrained(feature_dir, target, tmp_path):
+    train(feature_dir, tmp_path / "lr0", target, dataclasses.replace(FAST, lr=0.0, steps=1), progress=False)
+    return tmp_path / "lr0" / "head"
 
 
 def test_the_trained_head_through_the_executor_computes_what_training_computed(tmp_path, feature_dir, target, checkpoint):
