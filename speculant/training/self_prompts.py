@@ -34,9 +34,14 @@ def user_turn_prefix(tokenizer) -> list[int]:
 
 def generate_self_prompts(
     llm, count: int, out_dir: pathlib.Path, seed: int = 0, batch_size: int = 128, max_tokens: int = 96,
-    temperature: float = 1.0, top_p: float = 0.95, progress: bool = True,
+    temperature: float = 1.0, top_p: float = 0.95, progress: bool = True, openings: tuple[str, ...] = (),
 ) -> pathlib.Path:
     """Draw user questions from the target until `count` indices have been tried.
+
+    `openings`: request i starts its user turn with openings[i % len(openings)] (e.g. "Write",
+    "Imagine you are") and the target continues it, which steers the draws toward instructions
+    and tasks rather than the short questions an open turn mostly gives; the opening is part of
+    the kept prompt.
 
     Each line records its index (`"i"`), so a rerun skips what is done; a question that hit
     `max_tokens` before the end of the turn, is shorter than `_MIN_CHARS`, or repeats an earlier
@@ -53,10 +58,12 @@ def generate_self_prompts(
         for first in range(start, count, chunk):
             indices = range(first, min(first + chunk, count))
             params = [SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed + i) for i in indices]
-            outputs = llm.generate([prefix] * len(indices), params, use_tqdm=False)
+            starts = [openings[i % len(openings)] if openings else "" for i in indices]
+            prompts = [prefix + llm.tokenizer.encode(start, add_special_tokens=False) if start else prefix for start in starts]
+            outputs = llm.generate(prompts, params, use_tqdm=False)
             batch = []
-            for i, out in zip(indices, outputs):
-                text = out.text.strip()
+            for i, start, out in zip(indices, starts, outputs):
+                text = (start + out.text).strip()
                 keep = out.finish_reason == "stop" and len(text) >= _MIN_CHARS and text not in seen
                 seen.add(text)
                 batch.append({"i": i, "prompt": text if keep else ""})

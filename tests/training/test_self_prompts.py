@@ -1,5 +1,5 @@
 """Prompts drawn from the target: the user-turn prefix of the chat template, what is kept, the
-seeds, resume after an interruption, and the examples they become."""
+seeds, openings, resume after an interruption, and the examples they become."""
 
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ class FakeLLM:
 
     def generate(self, prompts, params, use_tqdm=False):
         self.calls.append([p.seed for p in params])
-        assert all(p == user_turn_prefix(self.tokenizer) for p in prompts)
+        self.prompts = prompts
+        assert all(p[: len(user_turn_prefix(self.tokenizer))] == user_turn_prefix(self.tokenizer) for p in prompts)
         return [SimpleNamespace(text=self.script[p.seed][0], finish_reason=self.script[p.seed][1]) for p in params]
 
 
@@ -55,6 +56,18 @@ def test_unfinished_short_and_repeated_questions_are_dropped(tmp_path, tokenizer
     examples = read_self_prompts(tmp_path)
     assert [e.id for e in examples] == ["self_prompts:0", "self_prompts:4"]
     assert examples[1].messages == ({"role": "user", "content": "Explain recursion to a ten year old."},)
+
+
+def test_openings_start_the_user_turns_in_turn_and_stay_in_the_prompt(tmp_path, tokenizer):
+    script = [(" a short poem about the harbour at night.", "stop"), (" a pirate captain. Describe your ship.", "stop"),
+              (" a haiku about autumn leaves falling.", "stop")]
+    llm = FakeLLM(tokenizer, script)
+    generate_self_prompts(llm, 3, tmp_path, seed=0, batch_size=4, progress=False, openings=("Write", "Imagine you are"))
+    prefix = user_turn_prefix(tokenizer)
+    assert [tokenizer.decode(p[len(prefix):]) for p in llm.prompts] == ["Write", "Imagine you are", "Write"]
+    assert [e.messages[0]["content"] for e in read_self_prompts(tmp_path)] == [
+        "Write a short poem about the harbour at night.", "Imagine you are a pirate captain. Describe your ship.",
+        "Write a haiku about autumn leaves falling."]
 
 
 def test_a_rerun_resumes_at_the_next_index_with_the_same_seeds(tmp_path, tokenizer):
