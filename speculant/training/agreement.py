@@ -89,19 +89,22 @@ def answer(model_name: str, checkpoint, prompts: list[tuple[str, Example]], max_
     return [Sequence(p + list(o.token_ids), len(p)) for p, o in zip(ids, outputs)]
 
 
-def _groups(refs: list[SeqRef], labels: list[str]) -> dict[str, list[SeqRef]]:
+def _groups(refs: list[SeqRef], labels: list[str | None]) -> dict[str, list[SeqRef]]:
     groups: dict[str, list[SeqRef]] = {ALL: list(refs)}
     for ref, label in zip(refs, labels):
+        if label is None:
+            continue
         groups.setdefault(label, []).append(ref)
     return groups
 
 
 def _training_labels(hidden: pathlib.Path, refs: list[SeqRef]) -> list[str]:
-    """Each stored conversation's prompt file (from the run's responses.jsonl) when they line up, else "?"."""
+    """Each stored conversation's prompt file or category (the id before ':' in the responses.jsonl
+    beside it) when they line up, else no label."""
     path = hidden.parent / RESPONSES_FILE
     rows = [r for r in read_responses(path) if r["response_ids"]] if path.exists() else []
     if len(rows) != len(refs):
-        return ["?"] * len(refs)
+        return [None] * len(refs)
     return [row["id"].rsplit(":", 1)[0] for row in rows]
 
 
@@ -124,6 +127,10 @@ def run(args: argparse.Namespace) -> dict[str, dict]:
     prompts = read_prompts(pathlib.Path(args.prompts))[: args.num_prompts or None]
     out = pathlib.Path(args.out) if args.out else pathlib.Path(tempfile.mkdtemp(prefix="agreement-"))
     sequences = answer(args.model, checkpoint, prompts, args.max_tokens, args.batch)
+    out.mkdir(parents=True, exist_ok=True)  # the answers, labelled by category, for a later --hidden run
+    rows = [{"id": f"{c}:{n}", "prompt_ids": s.tokens[: s.prompt_len], "response_ids": s.tokens[s.prompt_len :]}
+            for n, ((c, _), s) in enumerate(zip(prompts, sequences))]
+    (out / RESPONSES_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
     layers = options.layers_read(target.arch.num_layers)
     precompute(checkpoint, config, sequences, out / "hidden", HiddenOptions(feature_layers=layers), progress=False)
     _, shards = load_shards(out / "hidden")
