@@ -53,12 +53,23 @@ def head_objective(head_dir: pathlib.Path, target, positions: int) -> tuple[Head
 
 
 def score(model: HeadObjective, options: TrainOptions, shards: list[dict], groups: dict[str, list[SeqRef]]) -> dict[str, dict]:
-    """{group: {"conversations", "acc_1", "kl_1", ...}} over each group's sequences."""
+    """{group: {"conversations", "target_p1", "acc_1", "kl_1", ...}} over each group's sequences;
+    `target_p1`: the target's mean probability of its own most likely token where position 1 is
+    scored (how predictable the text is to the target itself)."""
     import torch
 
     with torch.no_grad():
-        return {name: {"conversations": len(refs)} | {k.removeprefix("val_"): v for k, v in evaluate(model, shards, refs, options, "cpu").items()}
+        return {name: {"conversations": len(refs), "target_p1": _target_p1(shards, refs)}
+                | {k.removeprefix("val_"): v for k, v in evaluate(model, shards, refs, options, "cpu").items()}
                 for name, refs in groups.items() if refs}
+
+
+def _target_p1(shards: list[dict], refs: list[SeqRef]) -> float:
+    import torch
+
+    # entry i (trained where i + 1 >= prompt_len) learns the distribution stored at position i + 1
+    top = [shards[r.shard]["topk_logprobs"][r.start + r.prompt_len : r.start + r.length, 0].float() for r in refs]
+    return float(torch.cat(top).exp().mean())
 
 
 def read_prompts(path: pathlib.Path) -> list[tuple[str, Example]]:

@@ -46,7 +46,7 @@ def test_training_shards_score_as_the_trainers_heldout_and_prompts_by_category(t
                  "--max-tokens", "6", "--out", str(tmp_path / "answers"), "--output", str(scores)]) == 0
     got = json.loads(scores.read_text())
     assert {k: v["conversations"] for k, v in got.items()} == {"all": 3, "writing": 2, "math": 1}
-    assert all(0.0 <= v["acc_1"] <= 1.0 and v["kl_1"] >= 0.0 for v in got.values())
+    assert all(0.0 <= v["acc_1"] <= 1.0 and v["kl_1"] >= 0.0 and 0.0 < v["target_p1"] <= 1.0 for v in got.values())
     assert "writing" in capsys.readouterr().out
     again = tmp_path / "again.json"  # the kept answers score again through --hidden, by category
     assert main(["--head", str(run / "train" / "head"), "--model", str(model_dir), "--hidden", str(tmp_path / "answers" / "hidden"),
