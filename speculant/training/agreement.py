@@ -19,21 +19,29 @@ read here: nothing is trained on them.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import pathlib
 import sys
 import tempfile
+
+import torch
 
 from speculant.config import ModelConfig
 from speculant.training.batches import SeqRef, sequence_refs
 from speculant.training.data import (
     RESPONSES_FILE,
     Example,
+    generate_responses,
     parse_record,
-    prompt_ids,
     read_responses,
 )
-from speculant.training.hidden import HiddenOptions, Sequence, load_shards, precompute
+from speculant.training.hidden import (
+    HiddenOptions,
+    load_shards,
+    precompute,
+    sequences_from_responses,
+)
 from speculant.training.objective import HeadObjective
 from speculant.training.trainer import TrainOptions, evaluate, split_heldout
 
@@ -56,8 +64,6 @@ def score(model: HeadObjective, options: TrainOptions, shards: list[dict], group
     """{group: {"conversations", "target_p1", "acc_1", "kl_1", ...}} over each group's sequences;
     `target_p1`: the target's mean probability of its own most likely token where position 1 is
     scored (how predictable the text is to the target itself)."""
-    import torch
-
     with torch.no_grad():
         return {name: {"conversations": len(refs), "target_p1": _target_p1(shards, refs)}
                 | {k.removeprefix("val_"): v for k, v in evaluate(model, shards, refs, options, "cpu").items()}
@@ -65,8 +71,6 @@ def score(model: HeadObjective, options: TrainOptions, shards: list[dict], group
 
 
 def _target_p1(shards: list[dict], refs: list[SeqRef]) -> float:
-    import torch
-
     # entry i (trained where i + 1 >= prompt_len) learns the distribution stored at position i + 1
     top = [shards[r.shard]["topk_logprobs"][r.start + r.prompt_len : r.start + r.length, 0].float() for r in refs]
     return float(torch.cat(top).exp().mean())
@@ -89,15 +93,19 @@ def read_prompts(path: pathlib.Path) -> list[tuple[str, Example]]:
     return out
 
 
-def answer(model_name: str, checkpoint, prompts: list[tuple[str, Example]], max_new_tokens: int, batch: int) -> list[Sequence]:
-    """The target's greedy answers, as training sequences (prompt under the chat template + answer)."""
+def answer(model_name: str, checkpoint, config: ModelConfig, examples: list[Example], out: pathlib.Path,
+           layers: tuple[int, ...], max_new_tokens: int, batch: int) -> pathlib.Path:
+    """The target's greedy answers in `out/responses.jsonl` (train-head's file, so ids label them
+    by category) and their training shards in `out/hidden`, both resumed; returns the shards' folder."""
     from speculant.llm import LLM
     from speculant.sampling.params import SamplingParams
 
     llm = LLM(model=model_name, checkpoint=checkpoint, max_num_seqs=batch)
-    ids = [prompt_ids(llm.tokenizer, ex) for _, ex in prompts]
-    outputs = llm.generate(ids, SamplingParams(max_tokens=max_new_tokens, temperature=0.0))
-    return [Sequence(p + list(o.token_ids), len(p)) for p, o in zip(ids, outputs)]
+    generate_responses(llm, examples, out, SamplingParams(max_tokens=max_new_tokens, temperature=0.0), batch_size=batch, progress=False)
+    options = HiddenOptions(feature_layers=layers)
+    sequences = sequences_from_responses(read_responses(out / RESPONSES_FILE), options.max_seq_len)
+    precompute(checkpoint, config, sequences, out / "hidden", options, progress=False)
+    return out / "hidden"
 
 
 def _groups(refs: list[SeqRef], labels: list[str | None]) -> dict[str, list[SeqRef]]:
@@ -109,11 +117,10 @@ def _groups(refs: list[SeqRef], labels: list[str | None]) -> dict[str, list[SeqR
     return groups
 
 
-def _training_labels(hidden: pathlib.Path, refs: list[SeqRef]) -> list[str]:
+def _training_labels(hidden: pathlib.Path, refs: list[SeqRef]) -> list[str | None]:
     """Each stored conversation's prompt file or category (the id before ':' in the responses.jsonl
     beside it) when they line up, else no label."""
-    path = hidden.parent / RESPONSES_FILE
-    rows = [r for r in read_responses(path) if r["response_ids"]] if path.exists() else []
+    rows = [r for r in read_responses(hidden.parent / RESPONSES_FILE) if r["response_ids"]]
     if len(rows) != len(refs):
         return [None] * len(refs)
     return [row["id"].rsplit(":", 1)[0] for row in rows]
@@ -129,24 +136,18 @@ def run(args: argparse.Namespace) -> dict[str, dict]:
     model, options = head_objective(pathlib.Path(args.head), target, args.positions)
     if args.hidden:
         hidden = pathlib.Path(args.hidden)
-        _, shards = load_shards(hidden)
-        refs = sequence_refs(shards)
-        labels = dict(zip(refs, _training_labels(hidden, refs)))
-        if args.heldout:
-            _, refs = split_heldout(refs, args.heldout, args.seed)
-        return score(model, options, shards, _groups(refs, [labels[r] for r in refs]))
-    prompts = read_prompts(pathlib.Path(args.prompts))[: args.num_prompts or None]
-    out = pathlib.Path(args.out) if args.out else pathlib.Path(tempfile.mkdtemp(prefix="agreement-"))
-    sequences = answer(args.model, checkpoint, prompts, args.max_tokens, args.batch)
-    out.mkdir(parents=True, exist_ok=True)  # the answers, labelled by category, for a later --hidden run
-    rows = [{"id": f"{c}:{n}", "prompt_ids": s.tokens[: s.prompt_len], "response_ids": s.tokens[s.prompt_len :]}
-            for n, ((c, _), s) in enumerate(zip(prompts, sequences))]
-    (out / RESPONSES_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
-    layers = options.layers_read(target.arch.num_layers)
-    precompute(checkpoint, config, sequences, out / "hidden", HiddenOptions(feature_layers=layers), progress=False)
-    _, shards = load_shards(out / "hidden")
-    refs = sequence_refs(shards)  # every answer has >= 2 tokens with the prompt
-    return score(model, options, shards, _groups(refs, [c for c, _ in prompts]))
+    else:
+        prompts = read_prompts(pathlib.Path(args.prompts))[: args.num_prompts or None]
+        examples = [dataclasses.replace(ex, id=f"{c}:{n}") for n, (c, ex) in enumerate(prompts)]  # ids name the category
+        out = pathlib.Path(args.out) if args.out else pathlib.Path(tempfile.mkdtemp(prefix="agreement-"))
+        layers = options.layers_read(target.arch.num_layers)
+        hidden = answer(args.model, checkpoint, config, examples, out, layers, args.max_tokens, args.batch)
+    _, shards = load_shards(hidden)
+    refs = sequence_refs(shards)
+    labels = dict(zip(refs, _training_labels(hidden, refs)))
+    if args.heldout:
+        _, refs = split_heldout(refs, args.heldout, args.seed)
+    return score(model, options, shards, _groups(refs, [labels[r] for r in refs]))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,6 +27,7 @@ import pathlib
 from dataclasses import asdict, dataclass
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
@@ -160,8 +161,8 @@ def _check_prefix(out_dir: pathlib.Path, manifest: dict, sequences: list[Sequenc
     if len(sequences) < stored:
         raise ValueError(f"{out_dir}: holds {stored} conversations, this run has {len(sequences)}; delete {out_dir} to recompute")
     for shard in manifest["shards"]:
-        tensors = load_file(str(out_dir / shard["file"]))
-        tokens, cu, prompts = tensors["tokens"].tolist(), tensors["cu_seqlens"].tolist(), tensors["prompt_lens"].tolist()
+        with safe_open(str(out_dir / shard["file"]), framework="pt") as f:  # the ids only, not the states
+            tokens, cu, prompts = (f.get_tensor(k).tolist() for k in ("tokens", "cu_seqlens", "prompt_lens"))
         for b, seq in enumerate(sequences[shard["first"] : shard["first"] + shard["num_seqs"]]):
             if tokens[cu[b] : cu[b + 1]] != seq.tokens or prompts[b] != seq.prompt_len:
                 raise ValueError(f"{out_dir}: conversation {shard['first'] + b} differs from the stored one "

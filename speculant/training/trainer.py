@@ -281,9 +281,10 @@ def _resume(path: pathlib.Path, model, optimizer, options: TrainOptions, device:
     if not path.exists():
         return 0
     state = torch.load(path, weights_only=True, map_location=device)
-    saved = {"feature_layers": (), "init_head": "", "freeze_lm_head": False, **{k: v for k, v in state["options"].items() if k not in _NOT_TRAINING}}
-    saved["feature_layers"] = tuple(saved["feature_layers"])  # absent from checkpoints older than eagle3
     now = {k: v for k, v in asdict(options).items() if k not in _NOT_TRAINING}
+    # an option newer than the checkpoint reads as its default (what that run trained with)
+    saved = {k: v for k, v in asdict(TrainOptions()).items() if k in now} | {k: v for k, v in state["options"].items() if k not in _NOT_TRAINING}
+    saved["feature_layers"] = tuple(saved["feature_layers"])  # a list read back, as __post_init__ notes
     if saved != now:
         changed = {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
         raise ValueError(f"{path}: a checkpoint of other training options {changed} (old, new); use another --out")
