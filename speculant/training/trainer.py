@@ -212,7 +212,8 @@ def per_entry(totals: dict[str, float], unroll: int, metrics: tuple[str, ...], p
 def start_weights(target: TargetTensors, options: TrainOptions, vocab_map: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Fresh head weights; with `init_layer` the block is a copy of that target layer and eh_proj
     starts as [I | I] / 2, so the block first reads the mean of the (normed) token embedding and
-    hidden state in the target's own residual basis, the basis the copied layer was trained on.
+    hidden state in the target's own residual basis, the basis the copied layer was trained on
+    (eagle3: fc starts as [0 | 0 | I], the fused state the highest feature layer's).
     An eagle3 head's own lm_head starts as the target's rows of the draft vocabulary `vocab_map`."""
     rows = target.lm_head if vocab_map is None else target.lm_head.index_select(0, vocab_map)  # [Nk, H]
     weights = init_head_weights(target.arch, options.variant, options.seed, lm_head=rows)
@@ -221,6 +222,8 @@ def start_weights(target: TargetTensors, options: TrainOptions, vocab_map: torch
     if options.init_layer >= 0:
         eye = torch.eye(target.arch.hidden_size)
         weights |= target.layer(options.init_layer) | {"eh_proj.weight": torch.cat([eye, eye], dim=1) / 2}
+        if "fc.weight" in weights:  # [hidden, 3 * hidden]: pass the last feature layer through
+            weights["fc.weight"] = torch.cat([torch.zeros_like(weights["fc.weight"][:, : -len(eye)]), eye], dim=1)
     return weights
 
 

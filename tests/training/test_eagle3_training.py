@@ -2,7 +2,8 @@
 exposes them (other layers refused, naming the folder to delete), the head trains, resumes bit
 for bit and saves its own lm_head (the target's tensors stay frozen and unsaved), the trained
 head through the executor computes what training computed, a frozen lm_head stays the target's
-rows, and bad options are refused."""
+rows, a head started from a target layer reads its highest feature layer, and bad options are
+refused."""
 
 from __future__ import annotations
 
@@ -97,6 +98,14 @@ def test_a_frozen_lm_head_stays_the_targets_rows_while_the_rest_trains(tmp_path,
     assert not torch.equal(head.weights["fc.weight"], load_head(_untrained(feature_dir, target, tmp_path)).weights["fc.weight"])
     with pytest.raises(ValueError, match="freeze_lm_head: only the eagle3 variant"):
         TrainOptions(variant="normed", freeze_lm_head=True)
+
+
+def test_init_layer_passes_the_highest_feature_layer_into_the_copied_layer(tmp_path, feature_dir, target):
+    train(feature_dir, tmp_path / "lr0", target, dataclasses.replace(FAST, lr=0.0, steps=1, init_layer=1), progress=False)
+    weights = load_head(tmp_path / "lr0" / "head").weights
+    h = target.arch.hidden_size
+    assert torch.equal(weights["fc.weight"], torch.cat([torch.zeros(h, 2 * h), torch.eye(h)], dim=1))
+    assert all(torch.equal(weights[k], v) for k, v in target.layer(1).items())
 
 
 def _untrained(feature_dir, target, tmp_path):
