@@ -223,7 +223,8 @@ def start_weights(target: TargetTensors, options: TrainOptions, vocab_map: torch
         eye = torch.eye(target.arch.hidden_size)
         weights |= target.layer(options.init_layer) | {"eh_proj.weight": torch.cat([eye, eye], dim=1) / 2}
         if "fc.weight" in weights:  # [hidden, 3 * hidden]: pass the last feature layer through
-            weights["fc.weight"] = torch.cat([torch.zeros_like(weights["fc.weight"][:, : -len(eye)]), eye], dim=1)
+            weights["fc.weight"] = torch.zeros_like(weights["fc.weight"])
+            weights["fc.weight"][:, -len(eye) :] = eye
     return weights
 
 
