@@ -46,7 +46,7 @@ _TRAIN_HELP = {
     "heldout": "conversations kept out of training; KL and top-1 agreement on them logged every checkpoint (val_* in train_log.csv)",
     "init_layer": "start the head's decoder layer as a copy of the target's layer N (-1: random init)",
     "feature_layers": "eagle3: the three target layers read, e.g. 2,15,27 (default: 2,L/2,L-3 of an L-layer target)",
-    "init_head": "start from this trained head folder's weights (same target, variant, tensors and draft vocabulary), e.g. unroll-1 weights before --unroll 2",
+    "init_head": "start from this trained head folder's weights and draft vocabulary (same target, variant and tensors; --draft-vocab its size), e.g. unroll-1 weights before --unroll 2, or a head to train further on grown data",
     "freeze_lm_head": "eagle3: keep the head's lm_head at the target's rows of the draft vocabulary (not trained)",
     "head_dtype": "dtype of the saved head file's tensors (bfloat16 halves the file; training runs in fp32 alike)",
 }

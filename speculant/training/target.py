@@ -77,12 +77,22 @@ def save_trained_head(
     return save_head(folder, weights, config)
 
 
+def trained_vocab(path: str, draft_vocab: int) -> torch.Tensor | None:  # [Nk] int64 sorted ids, or None
+    """The draft vocabulary of the head in `path`: a run started from it keeps it (its data may
+    have grown since, which would count another one), so its size must be `draft_vocab`."""
+    stored = load_head(path).weights.get("vocab_map")
+    size = 0 if stored is None else stored.numel()
+    if size != draft_vocab:
+        raise ValueError(f"draft_vocab: init_head {path} holds a draft vocabulary of {size} tokens (0: the whole vocabulary); this run asks for {draft_vocab}")
+    return None if stored is None else stored.long()
+
+
 def trained_start(
     path: str, fresh: dict[str, torch.Tensor], target: TargetTensors, kind: tuple[str, tuple[int, ...]], vocab_map: torch.Tensor | None,
 ) -> dict[str, torch.Tensor]:
     """The head in `path` as fp32 starting weights in place of `fresh`: it must have been trained
     for this target, be of this run's (variant, feature layers) `kind`, hold the same tensors and
-    the same draft vocabulary (`vocab_map`, from the same data); otherwise an error naming what differs."""
+    the same draft vocabulary (`vocab_map`, see `trained_vocab`); otherwise an error naming what differs."""
     head = load_head(path, expect_sha256=target.sha256)
     where = f"init_head: {path}"
     if (head.config.variant, head.config.feature_layers) != kind:

@@ -35,7 +35,7 @@ from speculant.training.batches import (
 from speculant.training.curves import CurveLog, plot_curves
 from speculant.training.hidden import load_counts, load_shards
 from speculant.training.objective import HeadObjective
-from speculant.training.target import TargetTensors, save_trained_head, trained_start
+from speculant.training.target import TargetTensors, save_trained_head, trained_start, trained_vocab
 
 CHECKPOINT = "checkpoint.pt"
 CURVE = "train_log.csv"
@@ -146,7 +146,7 @@ def train(
     layers = options.layers_read(target.arch.num_layers)
     check_stored_layers(manifest, layers, hidden_dir)
     refs, heldout = split_heldout(sequence_refs(shards), options.heldout, options.seed)
-    vocab_map = reduced_vocab(load_counts(hidden_dir), options.draft_vocab)
+    vocab_map = trained_vocab(options.init_head, options.draft_vocab) if options.init_head else reduced_vocab(load_counts(hidden_dir), options.draft_vocab)
     weights = {k: v.to(device) for k, v in start_weights(target, options, vocab_map).items()}
     model = HeadObjective(target.arch, options.variant, weights, target.embed.to(device), target.lm_head.to(device),
                           None if vocab_map is None else vocab_map.to(device), options.unroll, options.regression_weight)

@@ -5,11 +5,13 @@ what the inference head computes on the same (shifted) inputs."""
 from __future__ import annotations
 
 import dataclasses
+import shutil
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from safetensors.torch import save_file
 
 from speculant.attention.batch import SeqInput
 from speculant.config import ModelConfig
@@ -21,7 +23,7 @@ from speculant.loader.head_file import checkpoint_sha256, load_head
 from speculant.models.head import init_head_weights
 from speculant.training.batches import BatchPlan, build_batch, sequence_refs, trained_entries
 from speculant.training.curves import read_curve
-from speculant.training.hidden import HiddenOptions, Sequence, load_shards, precompute
+from speculant.training.hidden import HiddenOptions, Sequence, load_counts, load_shards, precompute
 from speculant.training.objective import _chain_mask
 from speculant.training.target import target_tensors
 from speculant.training.trainer import (
@@ -252,8 +254,21 @@ def test_init_head_starts_from_a_trained_heads_weights(tmp_path, hidden_dir, tar
     train(hidden_dir, tmp_path / "second", target, again, progress=False)
     a, b = _head(tmp_path / "first"), _head(tmp_path / "second")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # lr 0: the start, saved
-    for changed, what in (({"draft_vocab": 100}, "draft vocabulary|shaped"), ({"variant": "eagle"}, "normed head")):
+    for changed, what in (({"draft_vocab": 100}, "draft_vocab: init_head"), ({"variant": "eagle"}, "normed head")):
         with pytest.raises(ValueError, match=what):
             train(hidden_dir, tmp_path / what[:5], target, dataclasses.replace(again, **changed), progress=False)
     with pytest.raises(ValueError, match="init_head and init_layer"):
         TrainOptions(init_head=str(first), init_layer=0)
+
+
+def test_init_head_keeps_its_draft_vocabulary_over_grown_data(tmp_path, hidden_dir, target):
+    train(hidden_dir, tmp_path / "first", target, dataclasses.replace(FAST, unroll=1), progress=False)
+    first = _head(tmp_path / "first")
+    grown = tmp_path / "grown"
+    shutil.copytree(hidden_dir, grown)
+    counts = torch.arange(load_counts(grown).numel())  # the data's most frequent tokens are now the highest ids
+    save_file({"counts": counts}, str(grown / "token_counts.safetensors"))
+    assert not torch.equal(reduced_vocab(counts, 120), first["vocab_map"])
+    again = TrainOptions(steps=1, lr=0.0, warmup_steps=1, draft_vocab=120, init_head=str(tmp_path / "first" / "head"))
+    train(grown, tmp_path / "second", target, again, progress=False)
+    assert torch.equal(_head(tmp_path / "second")["vocab_map"], first["vocab_map"])
