@@ -12,7 +12,13 @@ from typing import Any
 import torch
 
 from speculant.config import ArchConfig
-from speculant.loader.head_file import HeadFileConfig, checkpoint_sha256, load_head, save_head
+from speculant.loader.head_file import (
+    HeadCheckpoint,
+    HeadFileConfig,
+    checkpoint_sha256,
+    load_head,
+    save_head,
+)
 from speculant.models.head import head_arch, head_weight_shapes
 
 
@@ -77,23 +83,27 @@ def save_trained_head(
     return save_head(folder, weights, config)
 
 
-def trained_vocab(path: str, draft_vocab: int) -> torch.Tensor | None:  # [Nk] int64 sorted ids, or None
-    """The draft vocabulary of the head in `path`: a run started from it keeps it (its data may
-    have grown since, which would count another one), so its size must be `draft_vocab`."""
-    stored = load_head(path).weights.get("vocab_map")
+def start_head(path: str, target: TargetTensors, draft_vocab: int) -> HeadCheckpoint:
+    """The trained head in `path` that a run starts from (`--init-head`): trained for this target,
+    and holding a draft vocabulary of `draft_vocab` tokens (0: the whole vocabulary), which the run
+    keeps (its data may have grown since, which would count another one)."""
+    head = load_head(path, expect_sha256=target.sha256)
+    stored = head.weights.get("vocab_map")
     size = 0 if stored is None else stored.numel()
     if size != draft_vocab:
         raise ValueError(f"draft_vocab: init_head {path} holds a draft vocabulary of {size} tokens (0: the whole vocabulary); this run asks for {draft_vocab}")
+    return head
+
+
+def start_vocab(head: HeadCheckpoint) -> torch.Tensor | None:  # [Nk] int64 sorted ids, or None
+    stored = head.weights.get("vocab_map")
     return None if stored is None else stored.long()
 
 
-def trained_start(
-    path: str, fresh: dict[str, torch.Tensor], target: TargetTensors, kind: tuple[str, tuple[int, ...]], vocab_map: torch.Tensor | None,
-) -> dict[str, torch.Tensor]:
-    """The head in `path` as fp32 starting weights in place of `fresh`: it must have been trained
-    for this target, be of this run's (variant, feature layers) `kind`, hold the same tensors and
-    the same draft vocabulary (`vocab_map`, see `trained_vocab`); otherwise an error naming what differs."""
-    head = load_head(path, expect_sha256=target.sha256)
+def trained_start(head: HeadCheckpoint, path: str, fresh: dict[str, torch.Tensor], kind: tuple[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    """The start head's weights (see `start_head`, read from `path`) as fp32 in place of `fresh`:
+    it must be of this run's (variant, feature layers) `kind` and hold the same tensors, shaped
+    alike; otherwise an error naming what differs."""
     where = f"init_head: {path}"
     if (head.config.variant, head.config.feature_layers) != kind:
         raise ValueError(f"{where} is a {head.config.variant} head over layers {list(head.config.feature_layers)}; this run trains {kind[0]} over {list(kind[1])}")
@@ -101,7 +111,4 @@ def trained_start(
     differ = sorted(k for k in saved.keys() | fresh.keys() if k not in saved or k not in fresh or saved[k].shape != fresh[k].shape)
     if differ:
         raise ValueError(f"{where}: tensors {differ} are missing or shaped unlike this run's head")
-    stored_map = head.weights.get("vocab_map")
-    if (stored_map is None) != (vocab_map is None) or (vocab_map is not None and not torch.equal(stored_map.long(), vocab_map.long())):
-        raise ValueError(f"{where}: its draft vocabulary is not this run's (--draft-vocab over the same data)")
     return {k: v.float() for k, v in saved.items()}

@@ -19,12 +19,14 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from speculant.loader.head_file import HeadCheckpoint
 from speculant.models.head import HEAD_VARIANTS, init_head_weights
 from speculant.models.head_features import (
     FEATURE_VARIANT,
     check_feature_layers,
     default_feature_layers,
 )
+from speculant.training import target as start_from
 from speculant.training.batches import (
     BatchPlan,
     SeqRef,
@@ -35,7 +37,7 @@ from speculant.training.batches import (
 from speculant.training.curves import CurveLog, plot_curves
 from speculant.training.hidden import load_counts, load_shards
 from speculant.training.objective import HeadObjective
-from speculant.training.target import TargetTensors, save_trained_head, trained_start, trained_vocab
+from speculant.training.target import TargetTensors, save_trained_head
 
 CHECKPOINT = "checkpoint.pt"
 CURVE = "train_log.csv"
@@ -146,8 +148,9 @@ def train(
     layers = options.layers_read(target.arch.num_layers)
     check_stored_layers(manifest, layers, hidden_dir)
     refs, heldout = split_heldout(sequence_refs(shards), options.heldout, options.seed)
-    vocab_map = trained_vocab(options.init_head, options.draft_vocab) if options.init_head else reduced_vocab(load_counts(hidden_dir), options.draft_vocab)
-    weights = {k: v.to(device) for k, v in start_weights(target, options, vocab_map).items()}
+    start = start_from.start_head(options.init_head, target, options.draft_vocab) if options.init_head else None
+    vocab_map = start_from.start_vocab(start) if start else reduced_vocab(load_counts(hidden_dir), options.draft_vocab)
+    weights = {k: v.to(device) for k, v in start_weights(target, options, vocab_map, start).items()}
     model = HeadObjective(target.arch, options.variant, weights, target.embed.to(device), target.lm_head.to(device),
                           None if vocab_map is None else vocab_map.to(device), options.unroll, options.regression_weight)
     if options.freeze_lm_head:
@@ -209,16 +212,17 @@ def per_entry(totals: dict[str, float], unroll: int, metrics: tuple[str, ...], p
     return out
 
 
-def start_weights(target: TargetTensors, options: TrainOptions, vocab_map: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+def start_weights(target: TargetTensors, options: TrainOptions, vocab_map: torch.Tensor | None = None, start: HeadCheckpoint | None = None) -> dict[str, torch.Tensor]:
     """Fresh head weights; with `init_layer` the block is a copy of that target layer and eh_proj
     starts as [I | I] / 2, so the block first reads the mean of the (normed) token embedding and
     hidden state in the target's own residual basis, the basis the copied layer was trained on
     (eagle3: fc starts as [0 | 0 | I], the fused state the highest feature layer's).
-    An eagle3 head's own lm_head starts as the target's rows of the draft vocabulary `vocab_map`."""
+    An eagle3 head's own lm_head starts as the target's rows of the draft vocabulary `vocab_map`;
+    `start` (the `--init-head` head, see `target.start_head`) replaces them all."""
     rows = target.lm_head if vocab_map is None else target.lm_head.index_select(0, vocab_map)  # [Nk, H]
     weights = init_head_weights(target.arch, options.variant, options.seed, lm_head=rows)
-    if options.init_head:
-        return trained_start(options.init_head, weights, target, (options.variant, options.layers_read(target.arch.num_layers)), vocab_map)
+    if start is not None:
+        return start_from.trained_start(start, options.init_head, weights, (options.variant, options.layers_read(target.arch.num_layers)))
     if options.init_layer >= 0:
         eye = torch.eye(target.arch.hidden_size)
         weights |= target.layer(options.init_layer) | {"eh_proj.weight": torch.cat([eye, eye], dim=1) / 2}

@@ -23,7 +23,14 @@ from speculant.loader.head_file import checkpoint_sha256, load_head
 from speculant.models.head import init_head_weights
 from speculant.training.batches import BatchPlan, build_batch, sequence_refs, trained_entries
 from speculant.training.curves import read_curve
-from speculant.training.hidden import HiddenOptions, Sequence, load_counts, load_shards, precompute
+from speculant.training.hidden import (
+    COUNTS,
+    HiddenOptions,
+    Sequence,
+    load_counts,
+    load_shards,
+    precompute,
+)
 from speculant.training.objective import _chain_mask
 from speculant.training.target import target_tensors
 from speculant.training.trainer import (
@@ -267,7 +274,7 @@ def test_init_head_keeps_its_draft_vocabulary_over_grown_data(tmp_path, hidden_d
     grown = tmp_path / "grown"
     shutil.copytree(hidden_dir, grown)
     counts = torch.arange(load_counts(grown).numel())  # the data's most frequent tokens are now the highest ids
-    save_file({"counts": counts}, str(grown / "token_counts.safetensors"))
+    save_file({"counts": counts}, str(grown / COUNTS))
     assert not torch.equal(reduced_vocab(counts, 120), first["vocab_map"])
     again = TrainOptions(steps=1, lr=0.0, warmup_steps=1, draft_vocab=120, init_head=str(tmp_path / "first" / "head"))
     train(grown, tmp_path / "second", target, again, progress=False)
