@@ -83,28 +83,24 @@ def save_trained_head(
     return save_head(folder, weights, config)
 
 
-def start_head(path: str, target: TargetTensors, draft_vocab: int) -> HeadCheckpoint:
-    """The trained head in `path` that a run starts from (`--init-head`): trained for this target,
-    and holding a draft vocabulary of `draft_vocab` tokens (0: the whole vocabulary), which the run
-    keeps (its data may have grown since, which would count another one)."""
+def start_head(path: str, target: TargetTensors, draft_vocab: int) -> tuple[HeadCheckpoint, torch.Tensor | None]:
+    """The trained head in `path` that a run starts from (`--init-head`), and its draft vocabulary
+    ([Nk] int64 sorted ids, or None: the whole vocabulary), which the run keeps (its data may have
+    grown since, which would count another one): the head must be trained for this target and its
+    vocabulary hold `draft_vocab` tokens (0: the whole vocabulary)."""
     head = load_head(path, expect_sha256=target.sha256)
     stored = head.weights.get("vocab_map")
     size = 0 if stored is None else stored.numel()
     if size != draft_vocab:
         raise ValueError(f"draft_vocab: init_head {path} holds a draft vocabulary of {size} tokens (0: the whole vocabulary); this run asks for {draft_vocab}")
-    return head
+    return head, None if stored is None else stored.long()
 
 
-def start_vocab(head: HeadCheckpoint) -> torch.Tensor | None:  # [Nk] int64 sorted ids, or None
-    stored = head.weights.get("vocab_map")
-    return None if stored is None else stored.long()
-
-
-def trained_start(head: HeadCheckpoint, path: str, fresh: dict[str, torch.Tensor], kind: tuple[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
-    """The start head's weights (see `start_head`, read from `path`) as fp32 in place of `fresh`:
-    it must be of this run's (variant, feature layers) `kind` and hold the same tensors, shaped
-    alike; otherwise an error naming what differs."""
-    where = f"init_head: {path}"
+def trained_start(head: HeadCheckpoint, fresh: dict[str, torch.Tensor], kind: tuple[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    """The start head's weights (see `start_head`) as fp32 in place of `fresh`: it must be of this
+    run's (variant, feature layers) `kind` and hold the same tensors, shaped alike; otherwise an
+    error naming what differs."""
+    where = f"init_head: {head.path}"
     if (head.config.variant, head.config.feature_layers) != kind:
         raise ValueError(f"{where} is a {head.config.variant} head over layers {list(head.config.feature_layers)}; this run trains {kind[0]} over {list(kind[1])}")
     saved = {k: v for k, v in head.weights.items() if k != "vocab_map"}

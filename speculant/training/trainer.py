@@ -26,7 +26,6 @@ from speculant.models.head_features import (
     check_feature_layers,
     default_feature_layers,
 )
-from speculant.training import target as start_from
 from speculant.training.batches import (
     BatchPlan,
     SeqRef,
@@ -37,7 +36,7 @@ from speculant.training.batches import (
 from speculant.training.curves import CurveLog, plot_curves
 from speculant.training.hidden import load_counts, load_shards
 from speculant.training.objective import HeadObjective
-from speculant.training.target import TargetTensors, save_trained_head
+from speculant.training.target import TargetTensors, save_trained_head, start_head, trained_start
 
 CHECKPOINT = "checkpoint.pt"
 CURVE = "train_log.csv"
@@ -148,8 +147,7 @@ def train(
     layers = options.layers_read(target.arch.num_layers)
     check_stored_layers(manifest, layers, hidden_dir)
     refs, heldout = split_heldout(sequence_refs(shards), options.heldout, options.seed)
-    start = start_from.start_head(options.init_head, target, options.draft_vocab) if options.init_head else None
-    vocab_map = start_from.start_vocab(start) if start else reduced_vocab(load_counts(hidden_dir), options.draft_vocab)
+    start, vocab_map = start_head(options.init_head, target, options.draft_vocab) if options.init_head else (None, reduced_vocab(load_counts(hidden_dir), options.draft_vocab))
     weights = {k: v.to(device) for k, v in start_weights(target, options, vocab_map, start).items()}
     model = HeadObjective(target.arch, options.variant, weights, target.embed.to(device), target.lm_head.to(device),
                           None if vocab_map is None else vocab_map.to(device), options.unroll, options.regression_weight)
@@ -222,7 +220,7 @@ def start_weights(target: TargetTensors, options: TrainOptions, vocab_map: torch
     rows = target.lm_head if vocab_map is None else target.lm_head.index_select(0, vocab_map)  # [Nk, H]
     weights = init_head_weights(target.arch, options.variant, options.seed, lm_head=rows)
     if start is not None:
-        return start_from.trained_start(start, options.init_head, weights, (options.variant, options.layers_read(target.arch.num_layers)))
+        return trained_start(start, weights, (options.variant, options.layers_read(target.arch.num_layers)))
     if options.init_layer >= 0:
         eye = torch.eye(target.arch.hidden_size)
         weights |= target.layer(options.init_layer) | {"eh_proj.weight": torch.cat([eye, eye], dim=1) / 2}

@@ -16,7 +16,7 @@ import pathlib
 import sys
 
 HERE = pathlib.Path(__file__).parent
-SOURCES = ("results/head_training/instruction_prompts.jsonl", "data/prompts/diverse.jsonl", None, "results/head_training/self_prompts.jsonl")
+SOURCES = ("results/head_training/instruction_prompts.jsonl", "data/prompts/diverse.jsonl", None, "results/head_training/self_prompts.jsonl")  # None: the GSM8K file given
 
 
 def main(gsm8k: str, out_path: str, count: int = 2048) -> None:
