@@ -90,7 +90,7 @@ class Int4Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
         if self.native is not None:
-            out = self.native.int4_linear(_rows_f32(x), self.packed, self.d, self.m, self.shape[0], native.use_avx2())
+            out = self.native.int4_linear(_rows_f32(x), self.packed, self.d, self.m, self.shape[0], native.simd())
         else:
             out = torch._weight_int4pack_mm_for_cpu(x.bfloat16(), self.packed, GROUP, self.scale_zero)
         out = out.to(x.dtype)

@@ -52,7 +52,7 @@ def forward(stack, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: F
     k_cache, v_cache = (ctx.k_cache, ctx.v_cache) if span is None else (ctx.k_cache[span], ctx.v_cache[span])
     return stack.forward(
         x.contiguous(), cos.reshape(tokens, head_dim), sin.reshape(tokens, head_dim), k_cache, v_cache,
-        m.slots, m.tok_seq, m.tok_keys, m.mask, m.slot_mapping, native.use_avx2(),
+        m.slots, m.tok_seq, m.tok_keys, m.mask, m.slot_mapping, native.simd(),
     )
 
 

@@ -77,6 +77,17 @@ def _has_avx2(cap: str) -> bool:
     return {"avx2", "fma", "f16c"} <= _capped(cap)
 
 
+def has_avx512() -> bool:
+    """The native int4 products' AVX-512 build (32 vector registers: tiles of 8 rows): AVX-512 F,
+    VL and BW besides the AVX2 path's features."""
+    return _has_avx512(level())
+
+
+@functools.cache
+def _has_avx512(cap: str) -> bool:
+    return _has_avx2(cap) and {"avx512f", "avx512vl", "avx512bw"} <= _capped(cap)
+
+
 def has_native_bf16() -> bool:
     """oneDNN's bf16 products: AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT, as its own check asks."""
     return has("avx512bw", "avx512vl", "avx512dq") or has("avx_ne_convert")

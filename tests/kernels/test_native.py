@@ -20,10 +20,13 @@ def _paths() -> list:
     return [avx2, pytest.param(False, id="scalar")]
 
 
+AVX512 = pytest.mark.skipif(not cpu.has_avx512(), reason="needs AVX-512 F, VL and BW (utils.cpu)")
+
+
 def _int4(w):
     g = quantize_int4(w)
     args = (*packing.pack_int4(g), w.shape[0])
-    return lambda x, avx2: native.module().int4_linear(x, *args, avx2), g.dequantize()
+    return lambda x, simd: native.module().int4_linear(x, *args, int(simd)), g.dequantize()
 
 
 def _int8(w):
@@ -62,6 +65,16 @@ _LAYOUTS = {"int4": _int4, "int8": _int8, "f32": _dense(torch.float32), "bf16": 
 @pytest.mark.parametrize("out", [80, 84])  # 84: the last group of 8 weight rows is padded
 @pytest.mark.parametrize("layout", list(_LAYOUTS))
 def test_products_equal_the_reference_and_are_row_invariant(layout, out, avx2):
+    _check_product(layout, out, avx2)
+
+
+@AVX512
+@pytest.mark.parametrize("out", [80, 84])
+def test_int4_products_on_the_avx512_path_are_row_invariant(out):
+    _check_product("int4", out, 2)  # tiles of 8 rows: 17 rows are 8 + 8 + 1
+
+
+def _check_product(layout, out, avx2):
     torch.manual_seed(0)
     product, weight = _LAYOUTS[layout](torch.randn(out, 96 + 32))
     x = torch.randn(40, 128)
@@ -82,6 +95,15 @@ def test_quantized_products_are_the_same_on_both_vector_paths(layout):
     product, _ = _LAYOUTS[layout](torch.randn(48, 256))
     x = torch.randn(7, 256) * torch.logspace(-3, 3, 256)  # outlier channels: large integer dots
     assert torch.equal(product(x, True), product(x, False))
+
+
+@AVX512
+def test_int4_products_are_the_same_on_every_path():
+    torch.manual_seed(3)
+    product, _ = _int4(torch.randn(48, 256))
+    x = torch.randn(19, 256) * torch.logspace(-3, 3, 256)
+    wide = product(x, 2)
+    assert torch.equal(wide, product(x, 1)) and torch.equal(wide, product(x, 0))
 
 
 def test_dense_bias_and_bad_shapes():

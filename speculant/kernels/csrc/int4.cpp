@@ -12,9 +12,10 @@
 // first rounded off (d2 = d1 / 254), keeping about int16's precision where it matters. Per block,
 // the exact integer dots S1 (and S2), then acc = fma(d d1, S1, acc) (, fma(d d2, S2, acc)),
 // acc = fma(m, xsum, acc), blocks in order. Which blocks take the second level depends on the row
-// alone, so a row of a T-row product is bit for bit that row alone, and the AVX2 and scalar paths
-// agree exactly. AVX2: `vpmaddubsw` of the nibbles (0..15) against 4 broadcast activations adds two
-// products per 16-bit lane; 8 of them stay below 2^15 (8 x 2 x 15 x 127 = 30480); one `vpmaddwd`
+// alone, so a row of a T-row product is bit for bit that row alone, and the scalar, AVX2 and
+// AVX-512 paths agree exactly (the AVX-512 build runs the AVX2 tile with twice the registers).
+// AVX2: `vpmaddubsw` of the nibbles (0..15) against 4 broadcast activations adds two products per
+// 16-bit lane; 8 of them stay below 2^15 (8 x 2 x 15 x 127 = 30480); one `vpmaddwd`
 // against ones then gives each row's int32 sum.
 #include <cmath>
 #include <vector>
@@ -120,8 +121,9 @@ SPECULANT_AVX2 inline __m256i level_dot_avx2(const __m256i* lo, const __m256i* h
   return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
 }
 
+// The tile's body, inlined into each instruction set's instantiation below.
 template <int C>
-SPECULANT_AVX2 void q4_tile_avx2(const uint8_t* w, const float* d, const float* m, const Acts& a, int64_t t, float* y,
+SPECULANT_AVX2 __attribute__((always_inline)) inline void q4_tile(const uint8_t* w, const float* d, const float* m, const Acts& a, int64_t t, float* y,
                                  int64_t n_out, int64_t valid) {
   const __m256i low = _mm256_set1_epi8(15);
   __m256 acc[C];
@@ -151,10 +153,26 @@ SPECULANT_AVX2 void q4_tile_avx2(const uint8_t* w, const float* d, const float* 
   for (int c = 0; c < C; ++c) store_group(y + c * n_out, acc[c], valid);
 }
 
+template <int C>
+SPECULANT_AVX2 void q4_tile_avx2(const uint8_t* w, const float* d, const float* m, const Acts& a, int64_t t, float* y,
+                                 int64_t n_out, int64_t valid) {
+  q4_tile<C>(w, d, m, a, t, y, n_out, valid);
+}
+
+// The same body compiled for AVX-512 (VL): the same 256-bit instructions, but 32 vector registers
+// instead of 16, so tiles of up to 8 activation rows keep every accumulator and the 8 unpacked
+// weight vectors in registers (8 rows here cost ~15-20% less than 4 + 4 on the AVX2 build).
+template <int C>
+SPECULANT_AVX512 void q4_tile_avx512(const uint8_t* w, const float* d, const float* m, const Acts& a, int64_t t, float* y,
+                                     int64_t n_out, int64_t valid) {
+  q4_tile<C>(w, d, m, a, t, y, n_out, valid);
+}
+
 }  // namespace
 
-// x [T, K] f32; packed [N/8, K/32 * 128] u8; d, m [N/8, K/32 * 8] f32 -> [T, n_out] f32
-at::Tensor int4_linear(at::Tensor x, at::Tensor packed, at::Tensor d, at::Tensor m, int64_t n_out, bool avx2) {
+// x [T, K] f32; packed [N/8, K/32 * 128] u8; d, m [N/8, K/32 * 8] f32 -> [T, n_out] f32.
+// simd: 0 the scalar path, 1 AVX2 (tiles of 4 rows), 2 AVX-512 (tiles of 8): the same bits on each.
+at::Tensor int4_linear(at::Tensor x, at::Tensor packed, at::Tensor d, at::Tensor m, int64_t n_out, int64_t simd) {
   const int64_t k = packed.size(1) / 128 * QK, nb = k / QK;
   TORCH_CHECK(packed.size(0) * G >= n_out, "int4 weight has fewer than ", n_out, " rows");
   check_rows(x, k);
@@ -167,14 +185,25 @@ at::Tensor int4_linear(at::Tensor x, at::Tensor packed, at::Tensor d, at::Tensor
     const uint8_t* wg = w + g * nb * 128;
     const float *dg = dp + g * nb * G, *mg = mp + g * nb * G;
     float* yg = yp + t * n_out + g * G;
-    if (!avx2) {
-      for (int64_t i = 0; i < c; ++i)
-        for (int r = 0; r < valid; ++r) yg[i * n_out + r] = q4_dot_scalar(wg, dg, mg, r, a, t + i);
-    } else if (c == 4) q4_tile_avx2<4>(wg, dg, mg, a, t, yg, n_out, valid);
-    else if (c == 3) q4_tile_avx2<3>(wg, dg, mg, a, t, yg, n_out, valid);
-    else if (c == 2) q4_tile_avx2<2>(wg, dg, mg, a, t, yg, n_out, valid);
-    else q4_tile_avx2<1>(wg, dg, mg, a, t, yg, n_out, valid);
-  });
+    switch (simd <= 0 ? 0 : simd == 1 ? c : 4 + c) {
+      case 0:
+        for (int64_t i = 0; i < c; ++i)
+          for (int r = 0; r < valid; ++r) yg[i * n_out + r] = q4_dot_scalar(wg, dg, mg, r, a, t + i);
+        break;
+      case 1: q4_tile_avx2<1>(wg, dg, mg, a, t, yg, n_out, valid); break;
+      case 2: q4_tile_avx2<2>(wg, dg, mg, a, t, yg, n_out, valid); break;
+      case 3: q4_tile_avx2<3>(wg, dg, mg, a, t, yg, n_out, valid); break;
+      case 4: q4_tile_avx2<4>(wg, dg, mg, a, t, yg, n_out, valid); break;
+      case 5: q4_tile_avx512<1>(wg, dg, mg, a, t, yg, n_out, valid); break;
+      case 6: q4_tile_avx512<2>(wg, dg, mg, a, t, yg, n_out, valid); break;
+      case 7: q4_tile_avx512<3>(wg, dg, mg, a, t, yg, n_out, valid); break;
+      case 8: q4_tile_avx512<4>(wg, dg, mg, a, t, yg, n_out, valid); break;
+      case 9: q4_tile_avx512<5>(wg, dg, mg, a, t, yg, n_out, valid); break;
+      case 10: q4_tile_avx512<6>(wg, dg, mg, a, t, yg, n_out, valid); break;
+      case 11: q4_tile_avx512<7>(wg, dg, mg, a, t, yg, n_out, valid); break;
+      default: q4_tile_avx512<8>(wg, dg, mg, a, t, yg, n_out, valid);
+    }
+  }, simd >= 2 ? 8 : 4);
   return y;
 }
 

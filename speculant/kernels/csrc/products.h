@@ -15,14 +15,14 @@ namespace speculant {
 constexpr int64_t QK = 32;  // activations per quantization block (= the int4 group size)
 constexpr int64_t G = 8;    // output rows per weight group (the vector's lanes)
 
-// Threads split the weight's groups; rows go 4 at a time, then the rest.
+// Threads split the weight's groups; rows go `width` at a time, then the rest.
 template <typename Tile>
-void for_each_group(int64_t rows, int64_t n_out, Tile tile) {
+void for_each_group(int64_t rows, int64_t n_out, Tile tile, int64_t width = 4) {
   at::parallel_for(0, (n_out + G - 1) / G, 2, [&](int64_t a, int64_t e) {
     for (int64_t g = a; g < e; ++g) {
       const int64_t valid = std::min(G, n_out - g * G);
       int64_t t = 0;
-      for (; t + 4 <= rows; t += 4) tile(g, t, 4, valid);
+      for (; t + width <= rows; t += width) tile(g, t, width, valid);
       if (t < rows) tile(g, t, rows - t, valid);
     }
   });

@@ -6,6 +6,8 @@
 #include <cstdint>
 
 #define SPECULANT_AVX2 __attribute__((target("avx2,fma,f16c")))
+// AVX2 code compiled with AVX-512's 32 vector registers (for the tiles that need more than 16).
+#define SPECULANT_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw")))
 
 namespace speculant {
 

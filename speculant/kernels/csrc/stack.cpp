@@ -21,9 +21,10 @@ struct Product {  // one `layers/linear.py` layer's native operands
   std::vector<at::Tensor> ops;  // int4: packed, d, m; int8: packed, scale; dense: weight
   c10::optional<at::Tensor> bias;
 
-  at::Tensor operator()(const at::Tensor& x, bool avx2) const {
+  at::Tensor operator()(const at::Tensor& x, int64_t simd) const {  // simd as int4_linear takes it
+    const bool avx2 = simd >= 1;
     if (kind == kDense) return dense_linear(x.contiguous(), ops[0], bias, avx2);
-    at::Tensor out = kind == kInt4 ? int4_linear(x.contiguous(), ops[0], ops[1], ops[2], n_out, avx2)
+    at::Tensor out = kind == kInt4 ? int4_linear(x.contiguous(), ops[0], ops[1], ops[2], n_out, simd)
                                    : int8_linear(x.contiguous(), ops[0], ops[1], n_out, avx2);
     return bias ? out.add_(*bias) : out;
   }
@@ -50,24 +51,25 @@ struct Stack {
   at::Tensor forward(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& k_cache,
                      const at::Tensor& v_cache, const at::Tensor& slots, const at::Tensor& tok_seq,
                      const at::Tensor& tok_keys, const c10::optional<at::Tensor>& mask, const at::Tensor& slot_mapping,
-                     bool avx2) const {
+                     int64_t simd) const {
+    const bool avx2 = simd >= 1;
     TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be [T, hidden] float32");
     TORCH_CHECK(k_cache.size(0) == static_cast<int64_t>(layers.size()), "one cache layer per decoder layer");
     const int64_t tokens = x.size(0), q_size = heads * head_dim, kv_size = kv_heads * head_dim;
     for (size_t i = 0; i < layers.size(); ++i) {
       const Layer& w = layers[i];
       at::Tensor kc = k_cache.select(0, i), vc = v_cache.select(0, i);
-      at::Tensor qkv = w.qkv(rms_norm(x.contiguous(), w.input_norm, eps, avx2), avx2);  // [T, q + 2 kv]
+      at::Tensor qkv = w.qkv(rms_norm(x.contiguous(), w.input_norm, eps, avx2), simd);  // [T, q + 2 kv]
       rotary_(qkv, cos, sin, heads + kv_heads, head_dim);
       at::Tensor q = qkv.narrow(1, 0, q_size).view({tokens, heads, head_dim});
       at::Tensor k = qkv.narrow(1, q_size, kv_size).view({tokens, kv_heads, head_dim});
       at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({tokens, kv_heads, head_dim});
       if (k.scalar_type() != kc.scalar_type()) k = k.to(kc.scalar_type()).contiguous(), v = v.to(vc.scalar_type()).contiguous();
       at::Tensor attn = paged_attention(q, kc, vc, slots, tok_seq, tok_keys, mask, k, v, slot_mapping, scale, avx2);
-      auto [summed, h] = add_rms_norm(x.contiguous(), w.o(attn, avx2).contiguous(), w.post_norm, eps, avx2);
-      at::Tensor gate_up = w.gate_up(h, avx2);  // [T, 2 I]
+      auto [summed, h] = add_rms_norm(x.contiguous(), w.o(attn, simd).contiguous(), w.post_norm, eps, avx2);
+      at::Tensor gate_up = w.gate_up(h, simd);  // [T, 2 I]
       const int64_t inter = gate_up.size(1) / 2;
-      x = summed + w.down(at::silu(gate_up.narrow(1, 0, inter)) * gate_up.narrow(1, inter, inter), avx2);
+      x = summed + w.down(at::silu(gate_up.narrow(1, 0, inter)) * gate_up.narrow(1, inter, inter), simd);
     }
     return x;
   }
