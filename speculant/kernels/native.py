@@ -5,7 +5,7 @@ first call (about a minute on two cores; `make install` does it ahead, `python -
 speculant.kernels.native` too), or None where it cannot be built or `SPECULANT_NATIVE=0` asks for
 the pure-torch kernels. The build's name carries a hash of the sources and flags, so a changed
 kernel is rebuilt and never mixed with an old one. Which vector path runs is `utils.cpu`'s answer
-(`use_avx2()`, and `simd()` for the int4 products and the stack), decided per call, so a test can
+(`use_avx2()`, and `simd()` for the quantized products and the stack), decided per call, so a test can
 cap the CPU at run time.
 """
 
@@ -42,8 +42,8 @@ def use_avx2() -> bool:
 
 
 def simd() -> int:
-    """The int4 products' (and the decoder stack's) path: 2 AVX-512 (tiles of 8 rows), 1 AVX2
-    (tiles of 4), 0 scalar; every path gives the same bits."""
+    """The quantized products' (and the decoder stack's) path: 2 AVX-512 (tiles of 8 rows), 1
+    AVX2 (tiles of 4), 0 scalar; every path gives the same bits."""
     return 2 if cpu.has_avx512() else 1 if cpu.has_avx2() else 0
 
 

@@ -113,7 +113,7 @@ class Int8Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
         if self.native is not None:
-            out = self.native.int8_linear(_rows_f32(x), self.q, self.scale, self.shape[0], native.use_avx2()).to(x.dtype)
+            out = self.native.int8_linear(_rows_f32(x), self.q, self.scale, self.shape[0], native.simd()).to(x.dtype)
         else:
             out = torch._weight_int8pack_mm(x.bfloat16(), self.q, self.scale).to(x.dtype)
         return out if self.bias is None else out.add_(self.bias)

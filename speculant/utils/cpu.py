@@ -78,7 +78,7 @@ def _has_avx2(cap: str) -> bool:
 
 
 def has_avx512() -> bool:
-    """The native int4 products' AVX-512 build (32 vector registers: tiles of 8 rows): AVX-512 F,
+    """The native quantized products' AVX-512 build (32 vector registers: tiles of 8 rows): AVX-512 F,
     VL and BW besides the AVX2 path's features."""
     return _has_avx512(level())
 

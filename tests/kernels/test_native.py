@@ -32,7 +32,7 @@ def _int4(w):
 def _int8(w):
     g = quantize_int8(w)
     args = (*packing.pack_int8(g), w.shape[0])
-    return lambda x, avx2: native.module().int8_linear(x, *args, avx2), g.dequantize()
+    return lambda x, simd: native.module().int8_linear(x, *args, int(simd)), g.dequantize()
 
 
 def _dense(dtype):
@@ -70,8 +70,9 @@ def test_products_equal_the_reference_and_are_row_invariant(layout, out, avx2):
 
 @AVX512
 @pytest.mark.parametrize("out", [80, 84])
-def test_int4_products_on_the_avx512_path_are_row_invariant(out):
-    _check_product("int4", out, 2)  # tiles of 8 rows: 17 rows are 8 + 8 + 1
+@pytest.mark.parametrize("layout", ["int4", "int8"])
+def test_quantized_products_on_the_avx512_path_are_row_invariant(layout, out):
+    _check_product(layout, out, 2)  # tiles of 8 rows: 17 rows are 8 + 8 + 1
 
 
 def _check_product(layout, out, avx2):
@@ -98,9 +99,10 @@ def test_quantized_products_are_the_same_on_both_vector_paths(layout):
 
 
 @AVX512
-def test_int4_products_are_the_same_on_every_path():
+@pytest.mark.parametrize("layout", ["int4", "int8"])
+def test_quantized_products_are_the_same_on_every_path(layout):
     torch.manual_seed(3)
-    product, _ = _int4(torch.randn(48, 256))
+    product, _ = _LAYOUTS[layout](torch.randn(48, 256))
     x = torch.randn(19, 256) * torch.logspace(-3, 3, 256)
     wide = product(x, 2)
     assert torch.equal(wide, product(x, 1)) and torch.equal(wide, product(x, 0))

@@ -6,7 +6,7 @@
 
 namespace speculant {
 at::Tensor int4_linear(at::Tensor x, at::Tensor packed, at::Tensor d, at::Tensor m, int64_t n_out, int64_t simd);
-at::Tensor int8_linear(at::Tensor x, at::Tensor packed, at::Tensor scale, int64_t n_out, bool avx2);
+at::Tensor int8_linear(at::Tensor x, at::Tensor packed, at::Tensor scale, int64_t n_out, int64_t simd);
 at::Tensor dense_linear(at::Tensor x, at::Tensor w, c10::optional<at::Tensor> bias, bool avx2);
 at::Tensor paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor slots, at::Tensor tok_seq,
                            at::Tensor tok_keys, c10::optional<at::Tensor> mask, c10::optional<at::Tensor> k_new,

@@ -5,7 +5,8 @@
 // one fixed sequence whatever the number of rows T, the threads or the tiling: per block b, the
 // exact integer dot S_b (|S_b| < 2^24, so its float is exact), then acc = fma(xs_b, S_b, acc),
 // blocks in order, times the row's scale. A row of a T-row product is therefore bit for bit that
-// row alone, and the AVX2 and scalar paths agree exactly.
+// row alone, and the scalar, AVX2 and AVX-512 (the AVX2 tile with 32 registers, 8 rows) paths agree
+// exactly.
 //
 // Weights are repacked in groups of 8 output rows so that a vector's 8 lanes are 8 outputs
 // (`layers/packing.py`): [N/8, nb, 16 steps, 16 bytes], byte 2r + e of step s = q[r][2s + e], so
@@ -83,9 +84,10 @@ SPECULANT_AVX2 inline __m256i pair_at(const int16_t* x) {  // x[0], x[1] in ever
   return _mm256_set1_epi32(v);
 }
 
+// The tile's body, inlined into each instruction set's instantiation below.
 template <int C>
-SPECULANT_AVX2 void q8_tile_avx2(const int8_t* w, const float* scale, const Rows& a, int64_t t, float* y, int64_t n_out,
-                                 int64_t valid) {
+SPECULANT_AVX2 __attribute__((always_inline)) inline void q8_tile(const int8_t* w, const float* scale, const Rows& a, int64_t t,
+                                                                float* y, int64_t n_out, int64_t valid) {
   __m256 acc[C];
   for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
   for (int64_t b = 0; b < a.nb; ++b) {
@@ -104,10 +106,24 @@ SPECULANT_AVX2 void q8_tile_avx2(const int8_t* w, const float* scale, const Rows
   for (int c = 0; c < C; ++c) store_group(y + c * n_out, _mm256_mul_ps(sv, acc[c]), valid);
 }
 
+template <int C>
+SPECULANT_AVX2 void q8_tile_avx2(const int8_t* w, const float* scale, const Rows& a, int64_t t, float* y, int64_t n_out,
+                                 int64_t valid) {
+  q8_tile<C>(w, scale, a, t, y, n_out, valid);
+}
+
+// As int4.cpp's: the same tile with AVX-512's 32 registers, 8 rows a tile.
+template <int C>
+SPECULANT_AVX512 void q8_tile_avx512(const int8_t* w, const float* scale, const Rows& a, int64_t t, float* y, int64_t n_out,
+                                     int64_t valid) {
+  q8_tile<C>(w, scale, a, t, y, n_out, valid);
+}
+
 }  // namespace
 
-// x [T, K] f32; packed [N/8, K/32 * 256] i8; scale [N/8 * 8] f32 -> [T, n_out] f32
-at::Tensor int8_linear(at::Tensor x, at::Tensor packed, at::Tensor scale, int64_t n_out, bool avx2) {
+// x [T, K] f32; packed [N/8, K/32 * 256] i8; scale [N/8 * 8] f32 -> [T, n_out] f32.
+// simd: 0 the scalar path, 1 AVX2 (tiles of 4 rows), 2 AVX-512 (tiles of 8): the same bits on each.
+at::Tensor int8_linear(at::Tensor x, at::Tensor packed, at::Tensor scale, int64_t n_out, int64_t simd) {
   const int64_t k = packed.size(1) / 256 * QK, nb = k / QK;
   TORCH_CHECK(packed.size(0) * G >= n_out && scale.numel() == packed.size(0) * G, "int8 weight and scales disagree");
   check_rows(x, k);
@@ -118,15 +134,27 @@ at::Tensor int8_linear(at::Tensor x, at::Tensor packed, at::Tensor scale, int64_
   float* yp = y.data_ptr<float>();
   for_each_group(x.size(0), n_out, [&](int64_t g, int64_t t, int64_t c, int64_t valid) {
     const int8_t* wg = w + g * nb * 256;
+    const float* sg = sp + g * G;
     float* yg = yp + t * n_out + g * G;
-    if (!avx2) {
-      for (int64_t i = 0; i < c; ++i)
-        for (int r = 0; r < valid; ++r) yg[i * n_out + r] = sp[g * G + r] * q8_dot_scalar(wg, r, a, t + i);
-    } else if (c == 4) q8_tile_avx2<4>(wg, sp + g * G, a, t, yg, n_out, valid);
-    else if (c == 3) q8_tile_avx2<3>(wg, sp + g * G, a, t, yg, n_out, valid);
-    else if (c == 2) q8_tile_avx2<2>(wg, sp + g * G, a, t, yg, n_out, valid);
-    else q8_tile_avx2<1>(wg, sp + g * G, a, t, yg, n_out, valid);
-  });
+    switch (simd <= 0 ? 0 : simd == 1 ? c : 4 + c) {
+      case 0:
+        for (int64_t i = 0; i < c; ++i)
+          for (int r = 0; r < valid; ++r) yg[i * n_out + r] = sg[r] * q8_dot_scalar(wg, r, a, t + i);
+        break;
+      case 1: q8_tile_avx2<1>(wg, sg, a, t, yg, n_out, valid); break;
+      case 2: q8_tile_avx2<2>(wg, sg, a, t, yg, n_out, valid); break;
+      case 3: q8_tile_avx2<3>(wg, sg, a, t, yg, n_out, valid); break;
+      case 4: q8_tile_avx2<4>(wg, sg, a, t, yg, n_out, valid); break;
+      case 5: q8_tile_avx512<1>(wg, sg, a, t, yg, n_out, valid); break;
+      case 6: q8_tile_avx512<2>(wg, sg, a, t, yg, n_out, valid); break;
+      case 7: q8_tile_avx512<3>(wg, sg, a, t, yg, n_out, valid); break;
+      case 8: q8_tile_avx512<4>(wg, sg, a, t, yg, n_out, valid); break;
+      case 9: q8_tile_avx512<5>(wg, sg, a, t, yg, n_out, valid); break;
+      case 10: q8_tile_avx512<6>(wg, sg, a, t, yg, n_out, valid); break;
+      case 11: q8_tile_avx512<7>(wg, sg, a, t, yg, n_out, valid); break;
+      default: q8_tile_avx512<8>(wg, sg, a, t, yg, n_out, valid);
+    }
+  }, simd >= 2 ? 8 : 4);
   return y;
 }
 

@@ -25,7 +25,7 @@ struct Product {  // one `layers/linear.py` layer's native operands
     const bool avx2 = simd >= 1;
     if (kind == kDense) return dense_linear(x.contiguous(), ops[0], bias, avx2);
     at::Tensor out = kind == kInt4 ? int4_linear(x.contiguous(), ops[0], ops[1], ops[2], n_out, simd)
-                                   : int8_linear(x.contiguous(), ops[0], ops[1], n_out, avx2);
+                                   : int8_linear(x.contiguous(), ops[0], ops[1], n_out, simd);
     return bias ? out.add_(*bias) : out;
   }
 };
