@@ -185,25 +185,16 @@ at::Tensor int4_linear(at::Tensor x, at::Tensor packed, at::Tensor d, at::Tensor
     const uint8_t* wg = w + g * nb * 128;
     const float *dg = dp + g * nb * G, *mg = mp + g * nb * G;
     float* yg = yp + t * n_out + g * G;
-    switch (simd <= 0 ? 0 : simd == 1 ? c : 4 + c) {
-      case 0:
-        for (int64_t i = 0; i < c; ++i)
-          for (int r = 0; r < valid; ++r) yg[i * n_out + r] = q4_dot_scalar(wg, dg, mg, r, a, t + i);
-        break;
-      case 1: q4_tile_avx2<1>(wg, dg, mg, a, t, yg, n_out, valid); break;
-      case 2: q4_tile_avx2<2>(wg, dg, mg, a, t, yg, n_out, valid); break;
-      case 3: q4_tile_avx2<3>(wg, dg, mg, a, t, yg, n_out, valid); break;
-      case 4: q4_tile_avx2<4>(wg, dg, mg, a, t, yg, n_out, valid); break;
-      case 5: q4_tile_avx512<1>(wg, dg, mg, a, t, yg, n_out, valid); break;
-      case 6: q4_tile_avx512<2>(wg, dg, mg, a, t, yg, n_out, valid); break;
-      case 7: q4_tile_avx512<3>(wg, dg, mg, a, t, yg, n_out, valid); break;
-      case 8: q4_tile_avx512<4>(wg, dg, mg, a, t, yg, n_out, valid); break;
-      case 9: q4_tile_avx512<5>(wg, dg, mg, a, t, yg, n_out, valid); break;
-      case 10: q4_tile_avx512<6>(wg, dg, mg, a, t, yg, n_out, valid); break;
-      case 11: q4_tile_avx512<7>(wg, dg, mg, a, t, yg, n_out, valid); break;
-      default: q4_tile_avx512<8>(wg, dg, mg, a, t, yg, n_out, valid);
+    if (simd <= 0) {
+      for (int64_t i = 0; i < c; ++i)
+        for (int r = 0; r < valid; ++r) yg[i * n_out + r] = q4_dot_scalar(wg, dg, mg, r, a, t + i);
+      return;
     }
-  }, simd >= 2 ? 8 : 4);
+    run_tile(simd, c, [&](auto wide, auto rows) {
+      if constexpr (wide) q4_tile_avx512<rows>(wg, dg, mg, a, t, yg, n_out, valid);
+      else q4_tile_avx2<rows>(wg, dg, mg, a, t, yg, n_out, valid);
+    });
+  }, tile_rows(simd));
   return y;
 }
 

@@ -136,25 +136,16 @@ at::Tensor int8_linear(at::Tensor x, at::Tensor packed, at::Tensor scale, int64_
     const int8_t* wg = w + g * nb * 256;
     const float* sg = sp + g * G;
     float* yg = yp + t * n_out + g * G;
-    switch (simd <= 0 ? 0 : simd == 1 ? c : 4 + c) {
-      case 0:
-        for (int64_t i = 0; i < c; ++i)
-          for (int r = 0; r < valid; ++r) yg[i * n_out + r] = sg[r] * q8_dot_scalar(wg, r, a, t + i);
-        break;
-      case 1: q8_tile_avx2<1>(wg, sg, a, t, yg, n_out, valid); break;
-      case 2: q8_tile_avx2<2>(wg, sg, a, t, yg, n_out, valid); break;
-      case 3: q8_tile_avx2<3>(wg, sg, a, t, yg, n_out, valid); break;
-      case 4: q8_tile_avx2<4>(wg, sg, a, t, yg, n_out, valid); break;
-      case 5: q8_tile_avx512<1>(wg, sg, a, t, yg, n_out, valid); break;
-      case 6: q8_tile_avx512<2>(wg, sg, a, t, yg, n_out, valid); break;
-      case 7: q8_tile_avx512<3>(wg, sg, a, t, yg, n_out, valid); break;
-      case 8: q8_tile_avx512<4>(wg, sg, a, t, yg, n_out, valid); break;
-      case 9: q8_tile_avx512<5>(wg, sg, a, t, yg, n_out, valid); break;
-      case 10: q8_tile_avx512<6>(wg, sg, a, t, yg, n_out, valid); break;
-      case 11: q8_tile_avx512<7>(wg, sg, a, t, yg, n_out, valid); break;
-      default: q8_tile_avx512<8>(wg, sg, a, t, yg, n_out, valid);
+    if (simd <= 0) {
+      for (int64_t i = 0; i < c; ++i)
+        for (int r = 0; r < valid; ++r) yg[i * n_out + r] = sg[r] * q8_dot_scalar(wg, r, a, t + i);
+      return;
     }
-  }, simd >= 2 ? 8 : 4);
+    run_tile(simd, c, [&](auto wide, auto rows) {
+      if constexpr (wide) q8_tile_avx512<rows>(wg, sg, a, t, yg, n_out, valid);
+      else q8_tile_avx2<rows>(wg, sg, a, t, yg, n_out, valid);
+    });
+  }, tile_rows(simd));
   return y;
 }
 

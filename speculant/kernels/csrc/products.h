@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "simd.h"
 
@@ -26,6 +27,32 @@ void for_each_group(int64_t rows, int64_t n_out, Tile tile, int64_t width = 4) {
       if (t < rows) tile(g, t, rows - t, valid);
     }
   });
+}
+
+// The rows a tile takes on a path (simd as the products take it: 1 AVX2, 2 AVX-512).
+constexpr int64_t tile_rows(int64_t simd) { return simd >= 2 ? 8 : 4; }
+
+// run(wide, C) for a tile of c rows (1 <= c <= tile_rows(simd)) on a vector path (simd >= 1), both
+// compile-time: `wide` whether the AVX-512 build of the tile runs, C the tile's rows.
+template <typename Run>
+void run_tile(int64_t simd, int64_t c, Run run) {
+  using std::integral_constant;
+  const integral_constant<bool, false> avx2;
+  const integral_constant<bool, true> avx512;
+  switch (simd == 1 ? c : 4 + c) {
+    case 1: return run(avx2, integral_constant<int, 1>{});
+    case 2: return run(avx2, integral_constant<int, 2>{});
+    case 3: return run(avx2, integral_constant<int, 3>{});
+    case 4: return run(avx2, integral_constant<int, 4>{});
+    case 5: return run(avx512, integral_constant<int, 1>{});
+    case 6: return run(avx512, integral_constant<int, 2>{});
+    case 7: return run(avx512, integral_constant<int, 3>{});
+    case 8: return run(avx512, integral_constant<int, 4>{});
+    case 9: return run(avx512, integral_constant<int, 5>{});
+    case 10: return run(avx512, integral_constant<int, 6>{});
+    case 11: return run(avx512, integral_constant<int, 7>{});
+    default: return run(avx512, integral_constant<int, 8>{});
+  }
 }
 
 // Software prefetch of `lines` cache lines from p on: the tiles ask for the weights a few blocks
