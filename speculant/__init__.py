@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from speculant.sampling.params import SamplingParams, StructuredOutput
+from speculant.utils.threads import prepare_openmp
+
+prepare_openmp()  # before anything imports torch: GNU OpenMP reads its settings once, at load
+
+from speculant.sampling.params import SamplingParams, StructuredOutput  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["LLM", "SamplingParams", "StructuredOutput", "__version__"]
