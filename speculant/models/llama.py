@@ -46,7 +46,6 @@ class LlamaForCausalLM(CausalLM):
         self.embed_tokens = self.norm = torch.empty(0)
         self.lm_head: Linear | None = None
         self._stack = False  # the native stack: False until built, None where it cannot run
-        self._segment_stacks: dict[tuple[int, ...], list | None] = {}  # `forward_features`' native segments, by ends
 
     def load_weights(self, weights: dict) -> None:
         """HF-named weights: float tensors, or quantized layouts (`speculant.layers.quant`) for
@@ -61,7 +60,6 @@ class LlamaForCausalLM(CausalLM):
         self.lm_head = self._linear(head)
         self.layers = [self._load_layer(get, weights, i) for i in range(self.arch.num_layers)]
         self._stack = False  # not built yet
-        self._segment_stacks = {}
 
     def _linear(self, weight, bias: torch.Tensor | None = None, keep_weight: bool = True) -> Linear:
         """keep_weight=False for a decoder layer's own products (the lm_head's weight may be the
@@ -112,8 +110,8 @@ class LlamaForCausalLM(CausalLM):
         return x
 
     def forward_features(self, input_ids, positions, ctx: ForwardContext, layers: tuple[int, ...], input_embeds=None):
-        """(last [T, hidden], [T, len(layers) * hidden]): the layers run in segments that end after
-        each feature layer, with the bits of one `forward` (`CausalLM.forward_features`)."""
+        """(last [T, hidden], [T, len(layers) * hidden]): one pass over the layers that keeps the
+        stream after each feature layer, with the bits of one `forward` (`CausalLM.forward_features`)."""
         x = self.embed(input_ids) if input_embeds is None else input_embeds  # [T, hidden]
         ends = sorted({i + 1 for i in layers} | {len(self.layers)})
         after = dict(zip(ends, self._segments(x, positions, ctx, ends)))  # layers run -> [T, hidden]
@@ -122,8 +120,8 @@ class LlamaForCausalLM(CausalLM):
     def _segments(self, x: torch.Tensor, positions, ctx: ForwardContext, ends: list[int]) -> list[torch.Tensor]:
         """[T, hidden] the residual stream after each of `ends` layers (sorted; the last: all)."""
         cos, sin = self.rotary.lookup(positions)
-        if native_stack.runs(ctx, x) and (stacks := self._native_segments(tuple(ends))) is not None:
-            return native_stack.forward_segments(stacks, ends, x, cos, sin, ctx)
+        if native_stack.runs(ctx, x) and self._native_stack() is not None:  # one call, the states at `ends` kept
+            return native_stack.forward_taps(self._stack, x, cos, sin, ctx, ends)
         out, start = [], 0
         for end in ends:
             for i in range(start, end):
@@ -131,11 +129,6 @@ class LlamaForCausalLM(CausalLM):
             out.append(x)
             start = end
         return out
-
-    def _native_segments(self, ends: tuple[int, ...]):
-        if ends not in self._segment_stacks:
-            self._segment_stacks[ends] = native_stack.build_segments(self, list(ends))
-        return self._segment_stacks[ends]
 
     def _native_stack(self):
         """The layers as one native call (`native_stack`), built at the first forward after a load."""

@@ -14,14 +14,13 @@ from speculant.models.base import ForwardContext
 PRODUCTS = ("qkv", "o", "gate_up", "down")
 
 
-def build(model, span: slice = slice(None)):
-    """The native stack of a Llama-family model's layers (`span` of them: a segment), or None
-    where some piece cannot run natively."""
+def build(model):
+    """The native stack of a Llama-family model's layers, or None where some piece cannot run natively."""
     kernels, arch = native.module(), model.arch
     if kernels is None or model.device.type != "cpu" or model.dtype != torch.float32 or not arch.is_llama_layer:
         return None
     layers = []
-    for w in model.layers[span]:
+    for w in model.layers:
         operands = [_operands(getattr(w, name)) for name in PRODUCTS]
         norms = (w.input_norm, w.post_norm)
         if any(op is None for op in operands) or any(n.dtype != torch.float32 for n in norms):
@@ -45,31 +44,20 @@ def runs(ctx: ForwardContext, x: torch.Tensor) -> bool:
     return not (torch.is_grad_enabled() and x.requires_grad)
 
 
-def forward(stack, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: ForwardContext, span: slice | None = None) -> torch.Tensor:
-    """x [T, hidden], cos/sin [T, 1, head_dim] as `RotaryEmbedding.lookup` gives them -> [T, hidden];
-    `span`: the cache layers of a segment's layers (`build(model, span)`)."""
+def forward(stack, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+    """x [T, hidden], cos/sin [T, 1, head_dim] as `RotaryEmbedding.lookup` gives them -> [T, hidden]."""
+    return stack.forward(*_inputs(x, cos, sin, ctx), native.simd())
+
+
+def forward_taps(stack, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: ForwardContext, ends: list[int]) -> list[torch.Tensor]:
+    """The same forward in the same one call, with the residual stream [T, hidden] after each of
+    `ends` layers (sorted layer counts, the last of them all the layers)."""
+    return stack.forward_taps(*_inputs(x, cos, sin, ctx), native.simd(), ends)
+
+
+def _inputs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: ForwardContext) -> tuple:
     m, tokens, head_dim = ctx.meta, x.shape[0], cos.shape[-1]
-    k_cache, v_cache = (ctx.k_cache, ctx.v_cache) if span is None else (ctx.k_cache[span], ctx.v_cache[span])
-    return stack.forward(
-        x.contiguous(), cos.reshape(tokens, head_dim), sin.reshape(tokens, head_dim), k_cache, v_cache,
-        m.slots, m.tok_seq, m.tok_keys, m.mask, m.slot_mapping, native.simd(),
+    return (
+        x.contiguous(), cos.reshape(tokens, head_dim), sin.reshape(tokens, head_dim), ctx.k_cache, ctx.v_cache,
+        m.slots, m.tok_seq, m.tok_keys, m.mask, m.slot_mapping,
     )
-
-
-def build_segments(model, ends: list[int]) -> list | None:
-    """Stacks of the layers up to each of `ends` (sorted layer counts, the last all of them),
-    from the previous end on: run one after the other they are the whole stack, with the
-    residual stream in hand at each end. None where the stack cannot run."""
-    starts = [0] + ends[:-1]
-    stacks = [build(model, slice(a, b)) for a, b in zip(starts, ends)]
-    return None if any(s is None for s in stacks) else stacks
-
-
-def forward_segments(stacks: list, ends: list[int], x: torch.Tensor, cos, sin, ctx: ForwardContext) -> list[torch.Tensor]:
-    """[T, hidden] after each segment of `build_segments(model, ends)`."""
-    out, start = [], 0
-    for stack, end in zip(stacks, ends):
-        x = forward(stack, x, cos, sin, ctx, slice(start, end))
-        out.append(x)
-        start = end
-    return out

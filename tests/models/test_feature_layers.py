@@ -62,13 +62,13 @@ def test_features_are_the_residual_stream_after_each_layer(kind, device):
 
 @pytest.mark.skipif(not native.available(), reason="the native kernels are not built (no C++ compiler)")
 @pytest.mark.parametrize("weights", ["fp32", "int8", "int4"])
-def test_native_segments_equal_the_layer_loop_bit_for_bit(weights, monkeypatch):
+def test_the_native_stacks_feature_taps_equal_the_layer_loop_bit_for_bit(weights, monkeypatch):
     hf = tiny_hf_model("llama", num_hidden_layers=4)
     executor = _executor(hf, attention_backend="native", weights=weights)
-    calls, segments = [], native_stack.forward_segments
-    monkeypatch.setattr(native_stack, "forward_segments", lambda *a: calls.append(1) or segments(*a))
+    calls, taps = [], native_stack.forward_taps
+    monkeypatch.setattr(native_stack, "forward_taps", lambda *a: calls.append(1) or taps(*a))
     stacked = _forwards(executor)
-    assert len(calls) == 4, "every forward took the native segments"
+    assert len(calls) == 4, "every forward took the native stack's taps"
     monkeypatch.setattr(native_stack, "runs", lambda ctx, x: False)
     looped = _forwards(executor)
     for a, b in zip(stacked, looped, strict=True):
