@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 
+# isort: off
+import speculant  # noqa: F401  # first: it sets OpenMP's wait policy before torch loads (`speculant/utils/threads.py`)
 import pytest
 import torch
+# isort: on
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
