@@ -75,18 +75,19 @@ def test_quantized_products_on_the_avx512_path_are_row_invariant(layout, out):
     _check_product(layout, out, 2)  # tiles of 8 rows: 17 rows are 8 + 8 + 1
 
 
-def _check_product(layout, out, avx2):
+def _check_product(layout, out, path):
+    """`path`: the dense products' avx2 flag, or the quantized products' simd (0, 1, 2; a bool as 0/1)."""
     torch.manual_seed(0)
     product, weight = _LAYOUTS[layout](torch.randn(out, 96 + 32))
     x = torch.randn(40, 128)
     x[::3, 37] = 40.0  # an outlier channel: int4's activation blocks there take the second level
-    full = product(x, avx2)
+    full = product(x, path)
     assert full.dtype == torch.float32 and full.shape == (40, out)
     rows = _quantized_rows(x, layout) if layout.startswith("int") else x
     torch.testing.assert_close(full, rows.double().mm(weight.double().t()).float(), rtol=1e-4, atol=1e-3)
     for n in (1, 2, 5, 17):
-        assert torch.equal(product(x[:n].contiguous(), avx2), full[:n])
-    assert all(torch.equal(product(x[i : i + 1].contiguous(), avx2), full[i : i + 1]) for i in range(40))
+        assert torch.equal(product(x[:n].contiguous(), path), full[:n])
+    assert all(torch.equal(product(x[i : i + 1].contiguous(), path), full[i : i + 1]) for i in range(40))
 
 
 @pytest.mark.skipif(not cpu.has_avx2(), reason="needs AVX2, FMA and F16C")

@@ -16,9 +16,9 @@ namespace speculant {
 constexpr int64_t QK = 32;  // activations per quantization block (= the int4 group size)
 constexpr int64_t G = 8;    // output rows per weight group (the vector's lanes)
 
-// Threads split the weight's groups; rows go `width` at a time, then the rest.
+// Threads split the weight's groups; rows go `width` (a path's `tile_rows`) at a time, then the rest.
 template <typename Tile>
-void for_each_group(int64_t rows, int64_t n_out, Tile tile, int64_t width = 4) {
+void for_each_group(int64_t rows, int64_t n_out, Tile tile, int64_t width) {
   at::parallel_for(0, (n_out + G - 1) / G, 2, [&](int64_t a, int64_t e) {
     for (int64_t g = a; g < e; ++g) {
       const int64_t valid = std::min(G, n_out - g * G);
