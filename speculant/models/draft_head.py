@@ -5,9 +5,9 @@ the target's lm_head rows (or, eagle3, its own lm_head) built once into one prod
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from speculant.layers.linear import DenseLinear, make_linear
+from speculant.layers.norm import rms_norm
 from speculant.layers.rotary import RotaryEmbedding
 from speculant.models import native_stack
 from speculant.models.base import CausalLM, ForwardContext
@@ -68,7 +68,7 @@ class DraftHead(CausalLM):
 
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
         m = self.modules
-        return hidden if m.norm is None else F.rms_norm(hidden, (self.arch.hidden_size,), m.norm, self.arch.rms_norm_eps)
+        return hidden if m.norm is None else rms_norm(hidden, m.norm, self.arch.rms_norm_eps)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab] float32
         if self.draft_lm_head is not None:

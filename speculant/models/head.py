@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from speculant.config import ArchConfig
+from speculant.layers.norm import rms_norm
 from speculant.models.deepseek_v3 import (
     expanded_attend,
     load_mla_layer,
@@ -207,11 +208,11 @@ def head_forward(
 def head_input(arch: ArchConfig, m: HeadModules, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
     """[T, hidden] the block's input: eh_proj over the (normed) embedding and hidden state (an
     eagle3 head's [T, 3 * hidden] target features fused to [T, hidden] first)."""
-    eps, shape = arch.rms_norm_eps, (arch.hidden_size,)
+    eps = arch.rms_norm_eps
     hidden = fuse_if_features(m.fuse, hidden)
     if m.enorm is not None:
-        embeds = F.rms_norm(embeds, shape, m.enorm, eps)
-        hidden = F.rms_norm(hidden, shape, m.hnorm, eps)
+        embeds = rms_norm(embeds, m.enorm, eps)
+        hidden = rms_norm(hidden, m.hnorm, eps)
     return m.eh_proj(torch.cat([embeds, hidden.to(embeds.dtype)], dim=-1))
 
 
@@ -223,7 +224,7 @@ def head_logits(
     vocab_map: torch.Tensor | None = None,  # [Nk] int64 target ids the head scores; None: all
 ) -> torch.Tensor:  # [N, Nk] (or [N, V]) in the states' dtype
     if m.norm is not None:
-        out = F.rms_norm(out, (arch.hidden_size,), m.norm, arch.rms_norm_eps)
+        out = rms_norm(out, m.norm, arch.rms_norm_eps)
     if m.lm_head is not None:  # eagle3: its own rows, already the draft vocabulary's
         return m.lm_head(out)
     rows = lm_head if vocab_map is None else lm_head.index_select(0, vocab_map)

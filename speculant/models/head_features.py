@@ -22,9 +22,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from speculant.config import ArchConfig
+from speculant.layers.norm import rms_norm
 
 FEATURE_VARIANT = "eagle3"  # the head variant that reads feature layers
 NUM_FEATURE_LAYERS = 3
@@ -79,7 +79,7 @@ class FeatureFusion:
 
     def __call__(self, features: torch.Tensor) -> torch.Tensor:  # [T, 3 * hidden] -> [T, hidden]
         parts = features.split([n.shape[0] for n in self.norms], dim=-1)
-        normed = [F.rms_norm(x, (w.shape[0],), w.to(x.dtype), self.eps) for x, w in zip(parts, self.norms)]
+        normed = [rms_norm(x, w.to(x.dtype), self.eps) for x, w in zip(parts, self.norms)]
         return self.fc(torch.cat(normed, dim=-1))
 
 
