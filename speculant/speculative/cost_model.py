@@ -176,18 +176,23 @@ class StepCostModel:
         limit = HUBER * max(self.surprise_s, SURPRISE_FLOOR * abs(predicted), 1e-6)
         weight = min(1.0, limit / max(abs(surprise), 1e-12))  # Huber's weight: a surprise past the limit counts as the limit
         self.surprise_s += 0.1 * (weight * abs(surprise) - self.surprise_s)
+        # In place and with few numpy calls: a step's fit runs on the host after the step's
+        # products have flushed the caches, where each call costs several microseconds.
         Px = self.P @ x
-        self.theta = self.theta + Px / (self.forget + x @ Px) * weight * surprise
-        gain = weight * Px / (self.forget + weight * (x @ Px))  # what it teaches: as much as `weight` of a step
-        self.P = (self.P - np.outer(gain, Px)) / self.forget
-        trace = float(np.trace(self.P))
+        xPx = float(x @ Px)
+        self.theta = self.theta + Px * (weight * surprise / (self.forget + xPx))
+        gain = Px * (weight / (self.forget + weight * xPx))  # what it teaches: as much as `weight` of a step
+        self.P -= np.outer(gain, Px)
+        self.P /= self.forget
+        trace = float(self.P.trace())
         if trace > self._P_trace_max:
             self.P *= self._P_trace_max / trace
-        for c in (CONTEXT, ROW_CONTEXT, OVERHEAD):
-            if self.theta[c] < 0:
-                self._condition_at_zero(c)
-        for c in (CONTEXT, ROW_CONTEXT, OVERHEAD):  # conditioning one may leave another a rounding below 0
-            self.theta[c] = max(0.0, self.theta[c])
+        if min(self.theta[CONTEXT], self.theta[ROW_CONTEXT], self.theta[OVERHEAD]) < 0:
+            for c in (CONTEXT, ROW_CONTEXT, OVERHEAD):
+                if self.theta[c] < 0:
+                    self._condition_at_zero(c)
+            for c in (CONTEXT, ROW_CONTEXT, OVERHEAD):  # conditioning one may leave another a rounding below 0
+                self.theta[c] = max(0.0, self.theta[c])
         self.num_updates += 1
 
     def _condition_at_zero(self, c: int) -> None:
