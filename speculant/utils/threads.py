@@ -6,7 +6,8 @@ futex, and waking it again cost ~50 µs on a 2-vCPU virtual machine, more than t
 two threads ran a one-row smollm2 forward slower than one thread did. Waiting "actively" keeps it
 spinning across the gaps inside a forward (its throttled spin, ~1000 rounds, where GNU OpenMP
 counts more threads than CPUs; else `SPINCOUNT` rounds, a few milliseconds), and an idle process
-still sleeps (measured: no CPU time over 3 idle seconds), so a server with nothing to do burns no core. Measured in docs/results/native_kernels.md "Threads that wait".
+still sleeps (measured: no CPU time over 3 idle seconds), so a server with nothing to do burns no
+core. Measured in docs/results/native_kernels.md "Threads that wait".
 
 Only defaults: a user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT wins. GNU OpenMP reads them once,
 when torch is first imported, so `speculant/__init__.py` calls `prepare_openmp` before it imports
