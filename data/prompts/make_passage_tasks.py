@@ -39,12 +39,13 @@ def tasks(questions: list[str], count: int, seed: int = 0) -> list[dict]:
     rng = random.Random(seed)
     order = list(range(len(questions)))
     rng.shuffle(order)
-    out, used = [], 0
-    while len(out) < count and used + 2 <= len(order):
-        template = TEMPLATES[len(out) % len(TEMPLATES)]
-        p, p2 = questions[order[used]], questions[order[used + 1]]
-        used += 2 if "{p2}" in template else 1
-        out.append({"category": "passage", "prompt": template.format(p=p, p2=p2)})
+    passages, out = iter(questions[i] for i in order), []
+    for n in range(count):
+        template = TEMPLATES[n % len(TEMPLATES)]
+        texts = {name: next(passages, None) for name in ("p", "p2") if "{" + name + "}" in template}
+        if None in texts.values():  # the passages ran out
+            break
+        out.append({"category": "passage", "prompt": template.format(**texts)})
     return out
 
 
