@@ -19,7 +19,7 @@ from speculant.engine.stage_parts import StageParts
 from speculant.engine.token_pool import TokenPool
 from speculant.executor.plan import TARGET, ForwardPlan
 from speculant.sampling.acceptance import accept_drafts, accept_greedy, pad_ragged
-from speculant.sampling.sampler import SamplingTensors, processed_probs
+from speculant.sampling.sampler import SamplingTensors, argmax_tokens, processed_probs
 
 
 def verify_chain(parts: StageParts, batch: Batch, proposal: DraftProposal) -> tuple[StepOutput, StepResult]:
@@ -31,24 +31,21 @@ def verify_chain(parts: StageParts, batch: Batch, proposal: DraftProposal) -> tu
     chains = [list(range(-1, k - 1)) for k in ks]  # node i under node i - 1
     decided = parts.controls.adjust(requests, chains, proposal.token_ids, logits)  # what acceptance sees
     st = parts.rows.tensors(requests)
-    if st.all_greedy:  # no probabilities, no noise
-        counts = torch.tensor([k + 1 for k in ks], device=logits.device)
-        argmax = pad_ragged(decided.argmax(-1), counts, proposal.token_ids.shape[1] + 1)  # [B, k_max + 1]
-        result = accept_greedy(proposal.token_ids, torch.tensor(ks), argmax)
+    offsets, width = row_offsets([k + 1 for k in ks]), proposal.token_ids.shape[1] + 1
+    rows = torch.tensor([[offsets[b] + min(j, k) for j in range(width)] for b, k in enumerate(ks)], device=logits.device)  # [B, k_max + 1]
+    if st.all_greedy:  # no probabilities, no noise; columns past k_b repeat the last row
+        result = accept_greedy(proposal.token_ids, torch.tensor(ks), argmax_tokens(decided)[rows])
     else:
         target_probs = _padded_target_probs(st, proposal, decided)
         result = accept_drafts(
             proposal.token_ids, torch.tensor(ks), proposal.draft_probs, target_probs,
             [r.noise for r in requests], [r.num_tokens for r in requests], parts.generator,
         )
-    offsets = row_offsets([k + 1 for k in ks])
     bonus = result.token_ids.gather(1, result.num_accepted[:, None])[:, 0]  # [B]
     starts = [r.num_computed_tokens for r in requests]
     step = StepResult(requests, offsets, starts, out.hidden, result.num_accepted, bonus, None, speculative=True)
     parts.pool.write(requests, result.token_ids, [r.num_tokens for r in requests])
     parts.executor.drive(parts.proposer.launch(step))  # before the host reads the step
-    width = result.token_ids.shape[1]
-    rows = torch.tensor([[offsets[b] + min(j, k) for j in range(width)] for b, k in enumerate(ks)], device=logits.device)
     with parts.timeline.span("read"):
         step_out, num_emitted, _ = read_step(result.token_ids, result.num_emitted, logits, rows, requests)
     step_out.proposed = list(ks)
@@ -62,6 +59,8 @@ def verify_ids(pool: TokenPool, requests: list[Request], proposal: DraftProposal
     last = pool.gather(requests, [[r.num_tokens - 1] for r in requests])  # [B]
     grid = torch.cat([last[:, None], drafts], 1).reshape(-1)  # [B * (k_max + 1)]
     width = drafts.shape[1] + 1
+    if all(k + 1 == width for k in proposal.num_drafts):  # no padding to drop (batch 1 always)
+        return grid
     flat = [b * width + j for b, k in enumerate(proposal.num_drafts) for j in range(k + 1)]
     return grid.index_select(0, torch.tensor(flat, device=device))
 

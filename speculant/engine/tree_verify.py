@@ -25,7 +25,7 @@ from speculant.executor.executor import Executor
 from speculant.executor.plan import TARGET, ForwardPlan
 from speculant.kv_cache.allocator import PageTables
 from speculant.sampling.acceptance import pad_ragged
-from speculant.sampling.sampler import SamplingTensors, processed_probs
+from speculant.sampling.sampler import SamplingTensors, argmax_tokens, processed_probs
 from speculant.sampling.tree_acceptance import TreeAcceptResult, accept_tree, accept_tree_greedy
 from speculant.sampling.tree_shape import depths, verify_mask, verify_positions
 
@@ -71,7 +71,7 @@ def _accept(
     width = proposal.token_ids.shape[1] + 1
     count_tensor = torch.tensor(counts, device=logits.device)
     if st.all_greedy:
-        argmax = pad_ragged(logits.argmax(-1)[:, None], count_tensor, width)[..., 0]  # [B, n + 1]
+        argmax = pad_ragged(argmax_tokens(logits)[:, None], count_tensor, width)[..., 0]  # [B, n + 1]
         return accept_tree_greedy(proposal.token_ids, proposal.tree.parents, argmax)
     probs = pad_ragged(processed_probs(logits, st.repeat_interleave(counts)), count_tensor, width)
     noise, positions = [r.noise for r in requests], [r.num_tokens for r in requests]

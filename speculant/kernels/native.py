@@ -23,7 +23,7 @@ import torch
 from speculant.utils import cpu
 from speculant.utils.paths import cache_dir
 
-_SOURCES = ("products.cpp", "int4.cpp", "dense.cpp", "norms.cpp", "attention.cpp", "stack.cpp", "bindings.cpp")
+_SOURCES = ("products.cpp", "int4.cpp", "dense.cpp", "norms.cpp", "argmax.cpp", "attention.cpp", "stack.cpp", "bindings.cpp")
 _HEADERS = ("simd.h", "kernels.h", "products.h", "attention_parts.h")
 _CFLAGS = ["-O3", "-ffp-contract=off", "-fopenmp", "-std=c++17"]
 log = logging.getLogger(__name__)

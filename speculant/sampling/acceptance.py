@@ -70,13 +70,15 @@ def accept_greedy(
 ) -> AcceptResult:
     """`accept_drafts` for a batch whose every row is greedy (one-hot p): a draft is accepted iff
     it is the target's argmax, whatever its q, and the token after the accepted ones is the
-    argmax there. No probabilities and no noise (the common greedy decode case)."""
-    k_max = draft_token_ids.shape[1]
-    num_draft = num_draft.to(draft_token_ids.device, torch.int64)
-    valid = torch.arange(k_max, device=draft_token_ids.device)[None, :] < num_draft[:, None]
-    num_accepted = ((draft_token_ids == target_argmax[:, :k_max]) & valid).long().cumprod(-1).sum(-1)
-    final = target_argmax.gather(1, num_accepted[:, None])[:, 0]
-    token_ids = _emitted_tokens(draft_token_ids, num_accepted, final)
+    argmax there. No probabilities and no noise (the common greedy decode case). Every emitted
+    token is the argmax at its position (an accepted draft equals it), so `target_argmax` only
+    has to be right up to column num_draft[b] of each row; the rest may be anything."""
+    k_max, device = draft_token_ids.shape[1], draft_token_ids.device
+    pos = torch.arange(k_max + 1, device=device)  # [k_max + 1]
+    num_draft = num_draft.to(device, torch.int64)
+    match = (draft_token_ids == target_argmax[:, :k_max]) & (pos[:k_max] < num_draft[:, None])  # [B, k_max]
+    num_accepted = match.long().cumprod(-1).sum(-1)  # [B]
+    token_ids = target_argmax.masked_fill(pos > num_accepted[:, None], -1)  # [B, k_max + 1]
     return AcceptResult(token_ids=token_ids, num_emitted=num_accepted + 1, num_accepted=num_accepted)
 
 

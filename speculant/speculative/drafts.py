@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from speculant.core import DraftProposal, Request
-from speculant.sampling.sampler import SamplingTensors, processed_probs, sample
+from speculant.sampling.sampler import SamplingTensors, argmax_tokens, processed_probs, sample
 
 
 def choose_drafts(
@@ -23,7 +23,7 @@ def choose_drafts(
     """A seeded request's draft uses the noise of the position it proposes for, the noise its
     verification samples the target with: the draft is accepted whenever both agree."""
     if not sampled:
-        return logits.argmax(dim=-1), None
+        return argmax_tokens(logits), None
     st = SamplingTensors.from_params([r.params for r in requests], logits.device)
     q = processed_probs(logits, st)
     generators = [r.noise.generator(r.num_tokens + offset, logits.device) if r.noise else None for r in requests]

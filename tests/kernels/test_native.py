@@ -251,3 +251,20 @@ def test_rotary_in_place_equals_the_torch_rotation():
     expected = apply_rotary(x[:, : 5 * 16].reshape(5, 5, 16), cos[:, None], sin[:, None])
     native.module().rotary_(x, cos, sin, 5, 16)
     assert torch.equal(x[:, : 5 * 16].reshape(5, 5, 16), expected)
+
+
+@pytest.mark.parametrize("avx2", _paths())
+@pytest.mark.parametrize("width", [1, 7, 8, 31, 32, 33, 100, 49152])
+def test_argmax_rows_is_torch_argmax_with_ties_infinities_and_nans(avx2, width):
+    torch.manual_seed(width)
+    rows = [
+        torch.randn(width),
+        torch.randint(-2, 2, (width,)).float(),  # ties: the first maximum
+        torch.full((width,), float("-inf")),
+        torch.randn(width).clamp(max=0.0).abs().neg(),  # -0.0 and +0.0 tie
+        torch.where(torch.rand(width) < 0.3, float("inf"), torch.randn(width)),
+    ]
+    with_nan = torch.randn(width)
+    with_nan[width // 2] = with_nan[-1] = float("nan")  # a NaN is above every number, the first one wins
+    x = torch.stack([*rows, with_nan])
+    assert torch.equal(native.module().argmax_rows(x, avx2), x.argmax(-1))

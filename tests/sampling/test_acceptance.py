@@ -256,4 +256,7 @@ def test_greedy_fast_path_equals_the_general_rule_on_one_hot_targets(sampled_dra
     general = accept_drafts(drafts, num_draft, q, target, default_generator=gen)
     fast = accept_greedy(drafts, num_draft, argmax)
     assert torch.equal(fast.num_accepted, general.num_accepted) and torch.equal(fast.token_ids, general.token_ids)
+    past = torch.arange(k_max + 1)[None, :] > num_draft[:, None]  # columns a verify did not compute
+    noisy = accept_greedy(drafts, num_draft, torch.where(past, torch.randint(0, vocab, argmax.shape, generator=gen), argmax))
+    assert torch.equal(noisy.token_ids, fast.token_ids) and torch.equal(noisy.num_accepted, fast.num_accepted)
     assert 0 < fast.num_accepted.sum() < num_draft.sum()  # both accepts and rejections happened

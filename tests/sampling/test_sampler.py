@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from speculant.sampling.params import SamplingParams
 from speculant.sampling.sampler import (
     SamplingTensors,
+    argmax_tokens,
     processed_probs,
     sample,
     token_logprobs,
@@ -252,3 +253,11 @@ def _record_error(fn, errors: list) -> None:
         fn()
     except AssertionError as exc:
         errors.append(exc)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_argmax_tokens_is_torch_argmax_for_any_shape_and_layout(dtype):
+    torch.manual_seed(5)
+    logits = torch.randn(3, 4, 301).to(dtype)
+    for x in (logits, logits[0, 0], logits.transpose(0, 1), logits[..., ::2]):  # 3-D, 1-D, strided
+        assert torch.equal(argmax_tokens(x), x.argmax(-1))

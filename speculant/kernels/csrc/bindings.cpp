@@ -14,6 +14,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &speculant::rms_norm, "RMSNorm of each row of x [T, H] f32");
   m.def("add_rms_norm", &speculant::add_rms_norm, "(x + residual, RMSNorm of x + residual)");
   m.def("rotary_", &speculant::rotary_, "rotary embedding in place on the first heads of each row");
+  m.def("argmax_rows", &speculant::argmax_rows, "first index of each row's maximum (NaN largest), as torch.argmax");
   m.def("paged_attention", &speculant::paged_attention, "row-invariant attention over paged K/V");
   speculant::bind_stack(m);
 }

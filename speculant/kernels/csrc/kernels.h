@@ -13,5 +13,6 @@ at::Tensor paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
                            c10::optional<at::Tensor> v_new, c10::optional<at::Tensor> slot_mapping, double scale, bool avx2);
 at::Tensor rms_norm(at::Tensor x, at::Tensor w, double eps, bool avx2);
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(at::Tensor x, at::Tensor residual, at::Tensor w, double eps, bool avx2);
+at::Tensor argmax_rows(at::Tensor x, bool avx2);
 void rotary_(at::Tensor x, at::Tensor cos, at::Tensor sin, int64_t heads, int64_t head_dim);
 }  // namespace speculant
