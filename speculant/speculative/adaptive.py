@@ -12,7 +12,10 @@ probed k = 5-6 where k = 2 was best). A draw that would draft less than the mean
 taken: fewer drafts verify only slots the mean's choice verifies too, so they teach nothing and
 cost tokens (at batch 1 the one request is the explorer every step, and low draws turned steps of
 a chat answer at k = 1-2 into plain ones); so a draw below the mean (z <= 0) is not even priced,
-which halves the explorer's share of the plan (a second pass of the chooser). The cost
+which halves the explorer's share of the plan (a second pass of the chooser). The explorer
+probes acceptance; what a draft costs is learnt only from steps that draft it, so after
+DRAFT_PROBE_EVERY plans at one choice of the mean's where the explorer drafted no more it
+drafts one more anyway (`_draft_probe`: one slow sample cannot price drafting out for good). The cost
 of a step comes from a model of the target's verify time by row count with a speculative step's
 fixed overhead (`StepCostModel`, calibrated at start-up and fitted online from measured step
 times), plus the proposer's measured time, each fitted by forwards and rows (`WorkCost`): its
@@ -41,6 +44,7 @@ MARGIN = 0.05  # predicted gain over plain decoding needed to speculate (the mod
 CATCH_UP_MIN = 16  # a backlog past this many tokens is priced (a shorter one is part of the feed's cost)
 CATCH_UP_RISK = 2.0  # a catch-up is paid now and won back only if the answer runs to max_tokens and the estimates hold
 PLAIN_PROBE_EVERY = 32  # a plan that drafts, after this many fitted steps without a plain one, is taken plain (a cost probe)
+DRAFT_PROBE_EVERY = 64  # after this many plans at one choice whose explorer drafted no more, it drafts one more (a cost probe)
 
 
 class AdaptiveK:
@@ -54,7 +58,7 @@ class AdaptiveK:
         self.cost = StepCostModel()
         self.draft_cost = WorkCost(draft_forward_prior_s)  # proposing: by forwards and rows
         self.feed_cost = WorkCost(0.0)  # following a step's tokens (a draft's KV refill): one forward, by requests fed
-        self.catch_up_s = MovingAverage(0.0)  # seconds per backlog token caught up (0 until measured: the first one is tried)
+        self.catch_up_s = MovingAverage(0.0, restarts=True)  # seconds per backlog token caught up (0 until measured: the first one is tried)
         self._context = None  # context tokens of the decode step being taken; None: not a decode step
         self._keys: dict[str, Hashable] = {}  # request id -> key of the drafts on offer this step (offered only)
         self._draft_s = 0.0  # seconds this step spent in the proposer (proposing, refilling)
@@ -65,6 +69,7 @@ class AdaptiveK:
         self.measured_context = 0  # the longest context per sequence the cost model has measured a step at
         self._since_plain = 0  # fitted decode steps since the last plain one (the calibration counts as one)
         self._resting_now = False  # the decode step being taken is unplanned (`resting`)
+        self._unprobed: dict[int, int] = {}  # the mean's k -> plans at it since the explorer last drafted one more
 
     def plan(
         self, requests: Sequence[Request], offer: Callable[[Request], tuple[int, Hashable]], backlog: Callable[[Request], int],
@@ -107,17 +112,40 @@ class AdaptiveK:
         if offering:  # the explorer: a posterior draw, at most one draft past its choice at the mean
             b = offering[int(self.rng.integers(len(offering)))]
             z = float(self.rng.standard_normal())
-            if ks[b] < k_max[b] and z > 0.0:  # at its cap, no probe drafts more; a draw below the mean asks for fewer
+            mean_k = ks[b]
+            if mean_k < k_max[b] and z > 0.0:  # at its cap, no probe drafts more; a draw below the mean asks for fewer
                 alphas[b] = self.tracker.draw(requests[b].request_id, k_max[b], keys[b], z)
                 caps = list(k_max)
-                caps[b] = ks[b] + 1
+                caps[b] = mean_k + 1
                 probe = choose_k(alphas, caps, self._with_catch_up(cost, requests, alphas, caps, backlog), MARGIN)
-                if probe[b] > ks[b]:  # a low draw is not taken: fewer drafts teach nothing the mean's choice does not
+                if probe[b] > mean_k:  # a low draw is not taken: fewer drafts teach nothing the mean's choice does not
                     ks = probe
         if any(ks) and self._since_plain >= PLAIN_PROBE_EVERY:
             ks = [0] * len(ks)  # a cost probe (`observe`)
+        elif offering and mean_k < k_max[b]:
+            ks = self._draft_probe(ks, b, mean_k)
         self._context, self._draft_s = context, 0.0
         self._keys = {r.request_id: key for r, k, key in zip(requests, k_max, keys) if k > 0}
+        return ks
+
+    def _draft_probe(self, ks: list[int], b: int, mean_k: int) -> list[int]:
+        """The explorer's k, one draft past the mean's choice after DRAFT_PROBE_EVERY plans at
+        that choice where it drafted no more. What a draft costs is learnt only from steps that
+        draft it (the proposer's forwards and refill, a lazy head's catch-up, the overhead and
+        the knot of that row count), and the explorer probes acceptance, not cost: one slow
+        refill timed during a warm-up (a 100 ms head forward against 3 ms) once priced every
+        draft out, and adaptive MTP took 4,806 plain steps in a row over 80 prompts where k = 1
+        paid in math. Counted by the mean's choice, so that probes from k = 0 to 1 do not stand
+        for the second draft's cost. A probe is one draft and one verify row every
+        DRAFT_PROBE_EVERY steps at most."""
+        if ks[b] > mean_k:  # the draw took a probe
+            self._unprobed[mean_k] = 0
+        elif self._unprobed.get(mean_k, 0) >= DRAFT_PROBE_EVERY:
+            ks = list(ks)
+            ks[b] = mean_k + 1
+            self._unprobed[mean_k] = 0
+        else:
+            self._unprobed[mean_k] = self._unprobed.get(mean_k, 0) + 1
         return ks
 
     def cost_of(self, context: int, num_seqs: int) -> Callable[[Sequence[int]], float]:

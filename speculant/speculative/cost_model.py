@@ -44,6 +44,7 @@ KNOT_PRIOR = 0.35  # prior std of each knot on its own, as a fraction of its val
 HUBER = 3.0  # a step's surprise counts up to this many times the typical one (a one-off slow step moves the fit little)
 SURPRISE_FLOOR = 0.03  # the typical surprise is at least this share of the predicted step
 LEVEL_PRIOR = 1.0  # prior std of a level every knot shares, in units of the 1-row knot (the machine twice as slow or fast)
+SPIKE = 3.0  # a proposer's cost estimate this many times what a sample measured was a spike: start over (`WorkCost`)
 
 Sample = tuple[Sequence[int], int, float]  # (k per sequence, context tokens, seconds)
 
@@ -246,8 +247,14 @@ class WorkCost:
         return self.a * forwards + self.b * rows
 
     def update(self, forwards: int, rows: int, seconds: float) -> None:
+        """One measured sample. A time SPIKE times below the fit's estimate starts the fit over
+        from it: the machine can slow work down, not speed it up, so the estimate held a spike
+        (or the work got cheaper); a spike itself is fitted in full, and the sample after it
+        undoes it (adaptive k asks for that sample when it stops drafting: `_draft_probe`)."""
         if forwards <= 0:
             return
+        if self._xx[0, 0] > 0.0 and self(forwards, rows) > SPIKE * seconds:
+            self._xx, self._xy = np.zeros((2, 2)), np.zeros(2)
         x = np.array([forwards, rows], dtype=float)
         self._xx = self.forget * self._xx + np.outer(x, x)
         self._xy = self.forget * self._xy + x * seconds
@@ -261,12 +268,15 @@ class WorkCost:
 
 
 class MovingAverage:
-    """Exponential moving average of a measured duration; `value` is the prior until measured."""
+    """Exponential moving average of a measured duration; `value` is the prior until measured.
+    With `restarts`, a sample SPIKE times below the average starts it over (as `WorkCost`)."""
 
-    def __init__(self, prior: float, weight: float = 0.1) -> None:
-        self.value, self.weight, self.count = prior, weight, 0
+    def __init__(self, prior: float, weight: float = 0.1, restarts: bool = False) -> None:
+        self.value, self.weight, self.count, self.restarts = prior, weight, 0, restarts
 
     def update(self, x: float) -> None:
+        if self.restarts and self.count and self.value > SPIKE * x:
+            self.count = 0
         w = max(self.weight, 1.0 / (self.count + 1))  # the first samples count fully
         self.value += w * (x - self.value)
         self.count += 1

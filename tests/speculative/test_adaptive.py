@@ -347,6 +347,76 @@ def test_a_plan_that_keeps_drafting_takes_a_plain_step_every_so_often():
     assert all(ks == [4, 4] for i, ks in enumerate(chosen) if i not in plain)  # always right: the largest k
 
 
+def test_a_plan_that_never_drafts_drafts_one_more_every_so_often_and_so_unlearns_a_spike():
+    """The explorer probes acceptance, and what drafting costs is learnt only from drafting
+    steps: one refill timed at a second (a spike) priced every draft out, and nothing drafted
+    again to correct it (adaptive MTP once took 4,806 plain steps in a row). After
+    DRAFT_PROBE_EVERY plans in a row where the explorer drafted no more than the mean's choice,
+    it drafts one more; that step's refill time undoes the spike and drafting resumes."""
+    from types import SimpleNamespace
+
+    from speculant.speculative.adaptive import DRAFT_PROBE_EVERY, PLAIN_PROBE_EVERY, AdaptiveK
+
+    adaptive = AdaptiveK(lambda ks: (0, 0), lazy_feed=True)
+    adaptive.cost.theta[:] = 0.0
+    adaptive.cost.theta[: len(KNOTS)] = 0.010  # the target: 10 ms whatever its rows
+    adaptive.feed_cost.update(1, 1, 0.002)
+    adaptive.feed_cost.update(1, 1, 1.0)  # one refill timed at a second
+    request = SimpleNamespace(request_id="r", num_computed_tokens=10, finished=False)
+    chosen = []
+    for _ in range(2 * DRAFT_PROBE_EVERY):
+        ks = adaptive.choose([request], [4])
+        chosen.append(ks[0])
+        if ks[0]:
+            adaptive.record_feed_time(0.002, 1)  # what a refill costs
+        _decode_step(adaptive, [request], ks, 0.010)  # every draft accepted
+    assert chosen.index(1) == DRAFT_PROBE_EVERY and not any(chosen[:DRAFT_PROBE_EVERY])
+    after = chosen[DRAFT_PROBE_EVERY + 1 :]  # the probe's refill undid the spike: drafting pays again
+    assert after.count(0) <= len(after) // PLAIN_PROBE_EVERY  # plain only to probe a plain step's cost
+
+
+def test_a_plan_held_at_one_draft_by_a_spiked_draft_forward_probes_the_second():
+    """Counted by the mean's choice: probes from 0 to 1 draft do not stand for what a second
+    draft (a head forward) costs, so a spike in that cost is probed at k = 1 and undone."""
+    from types import SimpleNamespace
+
+    from speculant.speculative.adaptive import DRAFT_PROBE_EVERY, AdaptiveK
+    from speculant.speculative.drafts import chain_work
+
+    adaptive = AdaptiveK(chain_work)
+    adaptive.cost.theta[:] = 0.0
+    adaptive.cost.theta[: len(KNOTS)] = 0.010
+    adaptive.draft_cost.update(1, 1, 0.002)
+    adaptive.draft_cost.update(1, 1, 1.0)  # one draft forward timed at a second
+    request = SimpleNamespace(request_id="r", num_computed_tokens=10, finished=False)
+    chosen = []
+    for _ in range(DRAFT_PROBE_EVERY + 20):
+        ks = adaptive.choose([request], [4])
+        chosen.append(ks[0])
+        if ks[0] > 1:
+            adaptive.record_draft_time(0.002 * (ks[0] - 1), chain_work(ks))
+        _decode_step(adaptive, [request], ks, 0.010)  # every draft accepted
+    first = next(i for i, k in enumerate(chosen) if k > 1)
+    assert set(chosen[:first]) <= {0, 1} and chosen[first] == 2 and first <= DRAFT_PROBE_EVERY + 3  # (+ plain probes)
+    assert max(chosen[first + 1 :]) == 4  # undone: every draft pays
+
+
+def test_a_drawn_probe_restarts_the_count_and_no_probe_passes_the_cap():
+    from types import SimpleNamespace
+
+    from speculant.speculative.adaptive import DRAFT_PROBE_EVERY, AdaptiveK
+
+    adaptive = AdaptiveK(lambda ks: (0, 0))
+    adaptive.cost.theta[:] = 0.0
+    adaptive.cost.theta[: len(KNOTS)] = 0.010
+    request = SimpleNamespace(request_id="r", num_computed_tokens=10, finished=False)
+    for _ in range(3 * DRAFT_PROBE_EVERY):  # every draft right and free: always at the cap, nothing to probe
+        ks = adaptive.choose([request], [2])
+        assert ks in ([2], [0])  # [0]: the plain probe
+        _decode_step(adaptive, [request], ks, 0.010)
+    assert adaptive._unprobed == {}  # at the cap: never counted
+
+
 def test_an_unplanned_plain_step_is_fitted_and_teaches_nothing_else():
     """Rest steps (planning found nothing to draft lately) are plain steps whose time the cost
     model fits, so a plain step's cost follows the machine and the context where most steps

@@ -174,6 +174,31 @@ def test_a_proposer_s_work_is_priced_by_its_forwards_and_rows():
     assert lone(1, 1) == pytest.approx(0.06, abs=1e-4)
 
 
+def test_a_spike_in_a_proposer_s_cost_is_undone_by_the_next_sample():
+    """A head refill timed at 100 ms once (the machine, a first call) against 3 ms: fitted in
+    full, and the next sample, SPIKE times below the estimate, starts the fit over; samples that
+    differ by their work (one request fed, then 16) are fitted, not started over."""
+    feed = WorkCost()
+    for _ in range(5):
+        feed.update(1, 1, 0.003)
+    feed.update(1, 1, 0.100)
+    assert feed(1, 1) > 0.02  # the spike counts
+    feed.update(1, 1, 0.003)
+    assert feed(1, 1) == pytest.approx(0.003)
+    grows = WorkCost()
+    for n in (1, 16, 1, 16, 4):
+        grows.update(1, n, 0.002 + 0.001 * n)
+    assert grows(1, 1) == pytest.approx(0.003, rel=0.05) and grows(1, 16) == pytest.approx(0.018, rel=0.05)
+    catch_up = MovingAverage(0.0, restarts=True)
+    catch_up.update(0.005)  # 5 ms a token, once
+    catch_up.update(0.0002)
+    assert catch_up.value == pytest.approx(0.0002)
+    plain = MovingAverage(0.0)
+    plain.update(0.005)
+    plain.update(0.0002)
+    assert plain.value == pytest.approx(0.0002 + 0.5 * 0.0048)
+
+
 def test_one_slow_step_moves_the_fit_little_and_a_lasting_change_is_followed(monkeypatch):
     """Batch 1, smollm2-like: a first 9-row verify once took 80 ms against 31 predicted. Fitted in
     full (plain least squares), it moved the 9-row price most of the way there; it counts as a
