@@ -138,14 +138,11 @@ class AdaptiveK:
         paid in math. Counted by the mean's choice, so that probes from k = 0 to 1 do not stand
         for the second draft's cost. A probe is one draft and one verify row every
         DRAFT_PROBE_EVERY steps at most."""
-        if ks[b] > mean_k:  # the draw took a probe
-            self._unprobed[mean_k] = 0
-        elif self._unprobed.get(mean_k, 0) >= DRAFT_PROBE_EVERY:
+        count = self._unprobed.get(mean_k, 0)
+        if ks[b] == mean_k and count >= DRAFT_PROBE_EVERY:
             ks = list(ks)
             ks[b] = mean_k + 1
-            self._unprobed[mean_k] = 0
-        else:
-            self._unprobed[mean_k] = self._unprobed.get(mean_k, 0) + 1
+        self._unprobed[mean_k] = 0 if ks[b] > mean_k else count + 1  # a drawn or forced probe restarts the count
         return ks
 
     def cost_of(self, context: int, num_seqs: int) -> Callable[[Sequence[int]], float]:
