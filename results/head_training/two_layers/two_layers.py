@@ -1,57 +1,61 @@
-"""Experiment only: a two-layer eagle3 head (layer1.* after layer.*), the second layer starting as
-the identity (o_proj, down_proj zero). Patches the training code in-process."""
-import speculant  # noqa
-import torch
-import speculant.models.head as H
-import speculant.training.trainer as TR
-import speculant.training.objective as OB
+"""An experiment, not a head variant: an eagle3 head with two decoder layers (`layer1.*` after
+`layer.*`), patched into the training code in-process. Started from a one-layer head, the new
+layer is a copy of its layer with `o_proj` and `down_proj` zero, so it starts as the identity.
 
-_shapes = H.head_weight_shapes
-def shapes(arch, variant, with_layer=True, draft_vocab=0):
-    s = _shapes(arch, variant, with_layer, draft_vocab)
-    if with_layer:
-        s |= {"layer1." + k[6:]: v for k, v in s.items() if k.startswith("layer.")}
-    return s
-H.head_weight_shapes = shapes
+    python two_layers.py train-head ...   (speculant's command, two-layer heads)
+    python two_layers.py agreement ...    (python -m speculant.training.agreement, the same)
+"""
 
-_llama = H._llama_layer
-def block(weights, arch, linear):
-    l0 = H.LlamaBlock(arch, _llama(weights, arch, linear))
-    w1 = {("layer." + k[7:] if k.startswith("layer1.") else "x" + k): v for k, v in weights.items()}
-    l1 = H.LlamaBlock(arch, _llama(w1, arch, linear))
-    def run(x, cos, sin, attend):
-        return l1(l0(x, cos, sin, attend), cos, sin, attend)
-    return run
-H._block = block
+import sys
 
-_ts = TR.trained_start
-def trained_start(head, fresh, kind):
-    if any(k.startswith("layer1.") for k in head.weights):
-        return _ts(head, fresh, kind)
-    base = {k: v for k, v in fresh.items() if not k.startswith("layer1.")}
-    out = _ts(head, base, kind)
+import speculant  # noqa: F401  (before torch)
+import speculant.models.head as head
+import speculant.training.objective as objective
+import speculant.training.trainer as trainer
+
+NEW = "layer1."  # the second layer's weight names
+
+
+def shapes(arch, variant, with_layer=True, draft_vocab=0, _shapes=head.head_weight_shapes):
+    out = _shapes(arch, variant, with_layer, draft_vocab)
+    return out | ({NEW + k[6:]: v for k, v in out.items() if k.startswith("layer.")} if with_layer else {})
+
+
+def block(weights, arch, linear, _layer=head._llama_layer):
+    first = head.LlamaBlock(arch, _layer(weights, arch, linear))
+    second = head.LlamaBlock(arch, _layer({"layer." + k[len(NEW) :]: v for k, v in weights.items() if k.startswith(NEW)}, arch, linear))
+    return lambda x, cos, sin, attend: second(first(x, cos, sin, attend), cos, sin, attend)
+
+
+def trained_start(start, fresh, kind, _start=trainer.trained_start):
+    if any(k.startswith(NEW) for k in start.weights):
+        return _start(start, fresh, kind)
+    out = _start(start, {k: v for k, v in fresh.items() if not k.startswith(NEW)}, kind)
     for k, v in list(out.items()):
         if k.startswith("layer."):
-            w = v.clone()
-            if k.endswith("o_proj.weight") or k.endswith("down_proj.weight"):
-                w.zero_()
-            out["layer1." + k[6:]] = w
+            zero = k.endswith(("o_proj.weight", "down_proj.weight"))
+            out[NEW + k[6:]] = v.clone().zero_() if zero else v.clone()
     return out
-TR.trained_start = trained_start
 
-_attend = OB.HeadObjective._attend
-def attend(self, batch, step, history):
-    if not isinstance(history, dict) and not hasattr(history, "per_layer"):
-        pass
-    # per-layer histories kept on the shared list object
-    if not hasattr(self, "_hist") or self._hist[0] is not history:
-        self._hist = (history, [[], []])
-    per = self._hist[1]
-    fns = [_attend(self, batch, step, per[i]) for i in range(2)]
-    calls = [0]
-    def run(q, k, v):
-        i = calls[0] % 2
-        calls[0] += 1
-        return fns[i](q, k, v)
-    return run
-OB.HeadObjective._attend = attend
+
+def attend(self, batch, step, history, _attend=objective.HeadObjective._attend):
+    """Each layer attends over its own keys of the unrolled steps (the list `history` is the
+    forward's; each layer keeps its own beside it), the two layers called in turn."""
+    if getattr(self, "_histories", (None,))[0] is not history:
+        self._histories = (history, [[], []])
+    layers = [_attend(self, batch, step, h) for h in self._histories[1]]
+    calls = iter(range(1 << 30))
+    return lambda q, k, v: layers[next(calls) % 2](q, k, v)
+
+
+head.head_weight_shapes, head._block = shapes, block
+trainer.trained_start, objective.HeadObjective._attend = trained_start, attend
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["agreement"]:
+        from speculant.training.agreement import main as agreement
+
+        sys.exit(agreement(sys.argv[2:]))
+    from speculant.cli import main
+
+    sys.exit(main(sys.argv[1:]))
