@@ -273,10 +273,18 @@ class HeadConfig:
 
     path: str | None = option(None, "draft head folder (head.json + head.safetensors); None: the head shipped for the target", name="head")
     sampling: str = option("greedy", "greedy: the head's argmax (one-hot); sample: draw from the head", choices=("greedy", "sample"))
+    lookup: int = option(
+        3,
+        "MTP chains: where the sequence's last n >= head_lookup tokens occurred before (n up to ngram_max_n), "
+        "draft what followed them instead of the head's tokens (prompt lookup: copies cost no head forward); "
+        "0: the head alone (EAGLE trees always)",
+    )
 
     def __post_init__(self) -> None:
         if self.sampling not in ("greedy", "sample"):
             raise ValueError(f"head_sampling must be 'greedy' or 'sample', got {self.sampling!r}")
+        if self.lookup < 0:
+            raise ValueError(f"head_lookup must be >= 0 (0: no prompt lookup), got {self.lookup}")
 
 
 TREE_SHAPES = ("dynamic", "static")
@@ -325,6 +333,8 @@ class SpeculativeConfig:
             raise ValueError(f"num_draft_tokens must be >= 1, got {self.num_draft_tokens}")
         if self.method == "draft" and not self.draft.model:
             raise ValueError("speculative='draft' needs draft_model")
+        if self.method == "mtp" and self.head.lookup > self.ngram.max_n:
+            raise ValueError(f"head_lookup ({self.head.lookup}) is longer than the longest suffix matched, ngram_max_n ({self.ngram.max_n})")
         if self.method == "eagle" and self.head.sampling == "sample" and self.tree.shape == "dynamic":
             raise ValueError(
                 "head_sampling='sample' needs tree='static': a dynamic tree keeps children by their "

@@ -306,3 +306,24 @@ def strict_decode_step(llm, prompts: list[list[int]], params: list) -> tuple[int
         llm.engine.step()
         reads = sync.host_reads() - before
     return reads, llm.engine.stats.spec_stats.draft_steps - drafted
+
+
+def record_drafts_and_head_rows(llm, monkeypatch, model: str = "head") -> tuple[list, list]:
+    """Spy on a speculative engine as it runs: (each step's proposed token ids as lists, the
+    rows of each forward of `model`, the executor's name of the head)."""
+    engine, drafts, rows = llm.engine, [], []
+    run, propose = engine.executor.run, engine.proposer.propose
+
+    def counted_run(plan):
+        if plan.model == model:
+            rows.append(sum(len(s.token_ids) for s in plan.inputs))
+        return run(plan)
+
+    def recorded_propose(batch):
+        proposal = yield from propose(batch)
+        drafts.append(proposal.token_ids.tolist())
+        return proposal
+
+    monkeypatch.setattr(engine.executor, "run", counted_run)
+    monkeypatch.setattr(engine.proposer, "propose", recorded_propose)
+    return drafts, rows

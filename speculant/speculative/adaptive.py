@@ -50,9 +50,11 @@ DRAFT_PROBE_EVERY = 64  # after this many plans at one choice whose explorer dra
 class AdaptiveK:
     def __init__(
         self, draft_work: Callable[[Sequence[int]], tuple[int, int]], draft_forward_prior_s: float = 0.0, lazy_feed: bool = False,
+        fed: Callable[[Sequence[int]], int] | None = None,
     ) -> None:
         self.draft_work = draft_work  # (draft forwards, rows over them) a step with these k's runs while proposing
         self.lazy_feed = lazy_feed  # the proposer follows the tokens only of requests that draft (else every step)
+        self.fed = fed  # requests a step with these k's refills the proposer for (None: by lazy_feed)
         self.tracker = AcceptanceTracker()
         self.rng = np.random.default_rng(0)  # each step's explorer and its quantile (k's only; tokens never depend on them)
         self.cost = StepCostModel()
@@ -150,7 +152,7 @@ class AdaptiveK:
         target, draft, feed = self.cost.curve(context, num_seqs), self.draft_cost, self.feed_cost
 
         def cost(ks: list[int]) -> float:
-            fed = len(ks) - ks.count(0) if self.lazy_feed else len(ks)
+            fed = self.fed(ks) if self.fed is not None else len(ks) - ks.count(0) if self.lazy_feed else len(ks)
             return target(sum(ks) + len(ks)) + draft(*self.draft_work(ks)) + (feed(1, fed) if fed else 0.0)
 
         return cost

@@ -58,7 +58,7 @@ class Proposer(ABC):
     def __init__(self, ctx: ProposerContext) -> None:
         self.ctx = ctx
         self.pages: PageTables | None = None
-        self.adaptive = AdaptiveK(self.draft_work, lazy_feed=self.LAZY_FEED) if ctx.speculative.adaptive_k else None
+        self.adaptive = AdaptiveK(self.draft_work, lazy_feed=self.LAZY_FEED, fed=self.fed_requests) if ctx.speculative.adaptive_k else None
         self._step_ks: dict[str, int] = {}  # request id -> k of the decode step being taken
 
     def model_specs(self) -> list[ModelSpec]:
@@ -107,6 +107,11 @@ class Proposer(ABC):
     def draft_work(self, ks: Sequence[int]) -> tuple[int, int]:
         """(draft forwards, rows over them) proposing these per-request k's runs (none for a lookup)."""
         return 0, 0
+
+    def fed_requests(self, ks: Sequence[int]) -> int:
+        """Requests the proposer follows after a step of these per-request k's (its refill):
+        every one, or with `LAZY_FEED` those that draft."""
+        return len(ks) - list(ks).count(0) if self.LAZY_FEED else len(ks)
 
     def speculates(self, batch: Batch) -> bool:
         """Fix every request's k for this step (`step_k`); False: a plain step (every k is 0)."""
@@ -183,6 +188,11 @@ class NoProposer(Proposer):
 
     def num_draft_tokens(self, request: Request) -> int:
         return 0
+
+    def fed_requests(self, ks: Sequence[int]) -> int:
+        """Requests the proposer follows after a step of these per-request k's (its refill):
+        every one, or with `LAZY_FEED` those that draft."""
+        return len(ks) - list(ks).count(0) if self.LAZY_FEED else len(ks)
 
     def speculates(self, batch: Batch) -> bool:
         return False

@@ -41,6 +41,8 @@ from speculant.utils.sync import to_list
 
 
 class EagleProposer(MtpProposer):
+    COPIES = False  # a tree grows from the head alone (head_lookup: MTP chains)
+
     def __init__(self, ctx: ProposerContext) -> None:
         super().__init__(ctx)
         self.adaptive = None  # the tree's size is its budget; k per request is not chosen

@@ -23,6 +23,13 @@ so a head whose drafts do not pay is not paid for either.
 
 Drafts are the head's argmax (a one-hot q) or samples from its processed distribution
 (`head_sampling`); the acceptance rule is the engine's, lossless for both.
+
+With `head_lookup` = m, a request whose last n >= m tokens occurred before drafts what followed
+them (prompt lookup, one-hot: `speculant.speculative.ngram`) in place of the head's chain: copies
+from a document or from the answer's own repeats, where the head is right least, and no head
+forward. Adaptive k keys their acceptance by the match length, apart from the head's. With the
+head following lazily, a copied step's rows join the request's backlog (cut to its verified rows
+once the host knows them, `update`), so a copy costs what an n-gram draft costs.
 """
 
 from __future__ import annotations
@@ -38,6 +45,8 @@ from speculant.core import Batch, DraftProposal, Request, StepResult
 from speculant.executor.plan import TARGET, ForwardPlan, Forwards, ModelSpec
 from speculant.speculative.base import Proposer, ProposerContext
 from speculant.speculative.drafts import chain_work, choose_drafts
+from speculant.speculative.head_rows import chunk_inputs, verified_inputs
+from speculant.speculative.ngram import NgramIndex, follow
 
 HEAD = "head"  # the head's name in the executor
 BACKLOG_ROWS = 64  # target states a request keeps for its head before running it anyway
@@ -45,6 +54,7 @@ BACKLOG_ROWS = 64  # target states a request keeps for its head before running i
 
 class MtpProposer(Proposer):
     LAZY_FEED = True  # with adaptive k the head follows only requests that draft (see the module doc)
+    COPIES = True  # a chain may draft prompt lookup's copies (`head_lookup`); a tree grows from the head alone
 
     def __init__(self, ctx: ProposerContext) -> None:
         super().__init__(ctx)
@@ -52,6 +62,11 @@ class MtpProposer(Proposer):
         self.carried: dict[str, torch.Tensor] = {}  # request id -> [V] head logits for the next draft
         self.state: dict[str, torch.Tensor] = {}  # request id -> [hidden] head output at that entry
         self._drafts: torch.Tensor | None = None  # [B, k_max] the step's proposal (device)
+        self.lookup = ctx.speculative.head.lookup if self.COPIES else 0  # shortest match copied (0: the head alone)
+        self._indexes: dict[str, NgramIndex] = {}  # request id -> its tokens' n-grams (head_lookup)
+        self._copies: dict[str, list[int]] = {}  # request id -> tokens the lookup offers this step
+        self._planned: list[str] = []  # request ids of the step being planned, in batch order
+        self._kept_copies: dict[str, int] = {}  # request id -> batch position: a copied step's rows kept in its backlog
 
     def model_specs(self) -> list[ModelSpec]:
         from speculant.loader.head_file import default_head
@@ -78,14 +93,48 @@ class MtpProposer(Proposer):
         return max_num_seqs * BACKLOG_ROWS * 3 * self.ctx.target_arch.hidden_size * 4 if self.follows_lazily() else 0
 
     def draft_work(self, ks) -> tuple[int, int]:
-        """The first draft comes from carried logits (`chain_work`)."""
-        return chain_work(ks)
+        """The first draft comes from carried logits (`chain_work`); copies run no head forward."""
+        return chain_work(self._head_ks(ks))
+
+    def fed_requests(self, ks) -> int:
+        """A lazily following head is fed the requests it drafted for, not the ones that copied."""
+        return super().fed_requests(self._head_ks(ks))
+
+    def _head_ks(self, ks):
+        """ks with the copying requests' at 0 (ks of the step being planned, in batch order)."""
+        if not self._copies or len(ks) != len(self._planned):
+            return ks
+        return [0 if i in self._copies else k for i, k in zip(self._planned, ks)]
+
+    def speculates(self, batch) -> bool:
+        self._copies, self._planned = {}, [r.request_id for r in batch.requests]
+        drafting = super().speculates(batch)
+        if drafting and self.lookup and self.adaptive is None:  # fixed k: copy wherever a match offers
+            for r in batch.requests:
+                n = self.offer(r, self.step_k(r))[0]
+                if r.request_id in self._copies:
+                    self._step_ks[r.request_id] = n
+        return drafting
+
+    def offer(self, request: Request, k: int):
+        """k head drafts (kind None), or with `head_lookup` the tokens that followed the longest
+        earlier match of at least that many tokens (kind: the match length)."""
+        if not self.lookup or k <= 0:
+            return k, None
+        ngram = self.ctx.speculative.ngram
+        tokens, n = follow(self._indexes, request, self.lookup, ngram.max_n).match(k)
+        if not tokens:
+            return k, None
+        self._copies[request.request_id] = tokens
+        return len(tokens), ("copy", n)
 
     def release(self, request: Request) -> None:
         super().release(request)
         self.carried.pop(request.request_id, None)
         self.state.pop(request.request_id, None)
         self.pending.pop(request.request_id, None)
+        self._indexes.pop(request.request_id, None)
+        self._kept_copies.pop(request.request_id, None)
 
     def follows_lazily(self) -> bool:
         """Whether the head may leave a request's rows waiting (adaptive k chooses the drafts)."""
@@ -108,10 +157,10 @@ class MtpProposer(Proposer):
         device = result.hidden_states.device
         offsets, starts = result.row_offsets, result.kv_starts
         if result.speculative:  # each sequence's last accepted row, chosen on the device
-            tokens = self._verified_inputs(result)
+            tokens = verified_inputs(self._drafts, result)
             last = torch.tensor(offsets[:-1], device=device) + result.num_accepted  # [B]
         else:  # each sequence's last row
-            tokens = self._chunk_inputs(result)
+            tokens = chunk_inputs(result)
             last = torch.tensor(offsets[1:], device=device) - 1  # [B]
         if len(run) == len(result.requests) and not self.pending:  # every request, nothing behind: the step's rows as they are
             hidden = result.hidden_states
@@ -147,14 +196,27 @@ class MtpProposer(Proposer):
         for b, r in enumerate(result.requests):
             n = result.row_offsets[b + 1] - result.row_offsets[b]
             waiting = self.backlog(r)
-            if (result.speculative and n > 1) or waiting + n > BACKLOG_ROWS:
+            copied = result.speculative and n > 1 and r.request_id in self._copies
+            if (result.speculative and n > 1 and not copied) or waiting + n > BACKLOG_ROWS:
                 run.append(b)
                 continue
+            if copied:  # its rejected rows are cut once the host has read the outcome (`update`)
+                self._kept_copies[r.request_id] = b
             rows = result.hidden_states[result.row_offsets[b] : result.row_offsets[b + 1]].clone()  # the step's buffer is reused
             first, kept = self.pending.setdefault(r.request_id, (result.kv_starts[b], []))
             assert first + waiting == result.kv_starts[b], "a head backlog with a gap"
             kept.append(rows)
         return run
+
+    def update(self, result: StepResult) -> Forwards[None]:
+        """Cut each copied step's rows in a backlog to its verified ones (the last token and the
+        accepted copies): the rejected rows' states are not the sequence's."""
+        for request_id, b in self._kept_copies.items():
+            pending = self.pending.get(request_id)
+            if pending is not None:
+                pending[1][-1] = pending[1][-1][: result.accepted_counts[b] + 1]
+        self._kept_copies.clear()
+        yield from ()
 
     def _host_tokens(self, r: Request, start: int, end: int) -> torch.Tensor:
         """[end - start] the inputs of head entries start..end-1: t_{i+1}, all on the host by now."""
@@ -184,54 +246,44 @@ class MtpProposer(Proposer):
         if self.adaptive is not None:
             self.adaptive.record_catch_up(time.perf_counter() - start, total, len(behind))
 
-    def _chunk_inputs(self, result: StepResult) -> torch.Tensor:
-        """[T] each row's next token: the request's own, or the step's sample after its last."""
-        host, sampled_rows, sampled_seqs = [], [], []
-        for b, r in enumerate(result.requests):
-            start, n = result.kv_starts[b], result.row_offsets[b + 1] - result.row_offsets[b]
-            end = start + n  # the token after the chunk: a prompt token, or this step's sample
-            host += r.token_slice(start + 1, min(end + 1, r.num_tokens))
-            if end >= r.num_tokens:
-                sampled_rows.append(len(host))
-                sampled_seqs.append(b)
-                host.append(0)
-        device = result.hidden_states.device
-        tokens = torch.tensor(host, dtype=torch.int64).to(device, non_blocking=True)
-        if sampled_rows:
-            picked = result.bonus_token_ids.index_select(0, torch.tensor(sampled_seqs, device=device))
-            tokens.index_copy_(0, torch.tensor(sampled_rows, device=device), picked.clamp(min=0))
-        return tokens
-
-    def _verified_inputs(self, result: StepResult) -> torch.Tensor:
-        """[T] row j of sequence b: draft j+1 while accepted, the bonus token from the first
-        rejected slot on (junk there, overwritten next step)."""
-        drafts = self._drafts  # [B, k_max]
-        b_count, k_max = drafts.shape
-        slot = torch.arange(k_max + 1, device=drafts.device)  # [k_max + 1]
-        padded = torch.cat([drafts.clamp(min=0), torch.zeros(b_count, 1, dtype=drafts.dtype, device=drafts.device)], 1)
-        grid = torch.where(slot < result.num_accepted[:, None], padded, result.bonus_token_ids[:, None])
-        flat = [b * (k_max + 1) + j for b in range(b_count) for j in range(result.row_offsets[b + 1] - result.row_offsets[b])]
-        return grid.reshape(-1).index_select(0, torch.tensor(flat, device=drafts.device))
-
     # ---- drafting -------------------------------------------------------------------------------
 
     def propose(self, batch: Batch) -> Forwards[DraftProposal]:
         requests = batch.requests
         ks = [self.step_k(r) for r in requests]
-        behind = [r for r, k in zip(requests, ks) if k > 0 and r.request_id in self.pending]
+        head_ks = self._head_ks(ks)
+        behind = [r for r, k in zip(requests, head_ks) if k > 0 and r.request_id in self.pending]
         if behind:  # requests the head did not follow (lazy feed) run their backlogs first
             yield from self._catch_up(behind)
         start = time.perf_counter()
-        k_max = max(ks)
+        device, k_max = self.ctx.device, max(ks)
+        tokens = torch.full((len(requests), k_max), -1, dtype=torch.int64, device=device)
+        sampled = self.ctx.speculative.head.sampling == "sample"
+        probs = torch.zeros(len(requests), k_max, self.ctx.target_arch.vocab_size, device=device) if sampled else None
+        if any(head_ks):
+            yield from self._head_chain(requests, head_ks, tokens, probs)
+        copies = [(b, self._copies[r.request_id][:k]) for b, (r, k, h) in enumerate(zip(requests, ks, head_ks)) if k > h]
+        if copies:  # one-hot drafts (q = 1 at the copied token)
+            rows = torch.tensor([b for b, c in copies for _ in c], device=device)
+            slots = torch.tensor([j for _, c in copies for j in range(len(c))], device=device)
+            ids = torch.tensor([t for _, c in copies for t in c], dtype=torch.int64, device=device)
+            tokens.index_put_((rows, slots), ids)
+            if probs is not None:
+                probs.index_put_((rows, slots, ids), torch.ones_like(ids, dtype=probs.dtype))
+        self._drafts = tokens
+        if self.adaptive is not None:
+            self.adaptive.record_draft_time(time.perf_counter() - start, self.draft_work(ks))
+        return DraftProposal(token_ids=tokens, num_drafts=ks, draft_probs=probs)
+
+    def _head_chain(self, requests: list[Request], ks: list[int], tokens: torch.Tensor, probs: torch.Tensor | None) -> Forwards[None]:
+        """The head's drafts into `tokens` [B, k_max] (and `probs` [B, k_max, V] when sampled):
+        the first from the carried logits, each next from the head run on its own output state."""
         first = next(r.request_id for r, k in zip(requests, ks) if k > 0)
         keep = [r.request_id if k > 0 else first for r, k in zip(requests, ks)]  # k = 0 rows: unused stand-ins
         logits = torch.stack([self.carried[i] for i in keep])  # [B, V]
         state = torch.stack([self.state[i] for i in keep])  # [B, hidden]
-        device = logits.device
-        tokens = torch.full((len(requests), k_max), -1, dtype=torch.int64, device=device)
-        sampled = self.ctx.speculative.head.sampling == "sample"
-        probs = torch.zeros(len(requests), k_max, logits.shape[-1], device=device) if sampled else None
-        for j in range(k_max):
+        device, sampled = logits.device, probs is not None
+        for j in range(max(ks)):
             rows = [b for b, k in enumerate(ks) if k > j]
             drafted, q = choose_drafts(logits[rows], [requests[b] for b in rows], sampled, self.ctx.generator, offset=j)
             index = torch.tensor(rows, device=device)
@@ -247,7 +299,3 @@ class MtpProposer(Proposer):
                 out = yield plan
                 logits.index_copy_(0, fed_index, out.logits)
                 state.index_copy_(0, fed_index, out.hidden)
-        self._drafts = tokens
-        if self.adaptive is not None:
-            self.adaptive.record_draft_time(time.perf_counter() - start, self.draft_work(ks))
-        return DraftProposal(token_ids=tokens, num_drafts=ks, draft_probs=probs)

@@ -61,6 +61,16 @@ class NgramIndex:
         self._indexed_end = max(self._indexed_end, end)
 
 
+def follow(indexes: dict[str, NgramIndex], request: Request, min_n: int, max_n: int) -> NgramIndex:
+    """The request's index in `indexes`, fed the tokens added since it was last read (a new one
+    where the request is shorter than its index: preempted and recomputed)."""
+    index = indexes.get(request.request_id)
+    if index is None or len(index.tokens) > request.num_tokens:
+        index = indexes[request.request_id] = NgramIndex(min_n, max_n)
+    index.extend(request.token_slice(len(index.tokens), request.num_tokens))
+    return index
+
+
 SHARED_SCOPE = "*"  # every user's outputs in one scope (ngram_share_store)
 
 
@@ -107,12 +117,8 @@ class NgramProposer(Proposer):
         return request.user
 
     def _index(self, request: Request) -> NgramIndex:
-        index = self._indexes.get(request.request_id)
-        if index is None or len(index.tokens) > request.num_tokens:
-            ngram = self.ctx.speculative.ngram
-            index = self._indexes[request.request_id] = NgramIndex(ngram.min_n, ngram.max_n)
-        index.extend(request.token_slice(len(index.tokens), request.num_tokens))
-        return index
+        ngram = self.ctx.speculative.ngram
+        return follow(self._indexes, request, ngram.min_n, ngram.max_n)
 
     def release(self, request: Request) -> None:
         super().release(request)

@@ -39,8 +39,8 @@ def test_tree_greedy_equals_plain(target, head, plain_outputs, shape, batch_size
 
 
 def test_tree_of_one_chain_is_the_mtp_chain(target, head):
-    """topk = 1: the tree is MTP's chain of the same depth, with the same acceptance."""
-    mtp = tiny_llm(target, speculative="mtp", draft_checkpoint=head, num_draft_tokens=4, adaptive_k=False)
+    """topk = 1: the tree is MTP's chain of the same depth (the head alone), with the same acceptance."""
+    mtp = tiny_llm(target, speculative="mtp", draft_checkpoint=head, num_draft_tokens=4, adaptive_k=False, head_lookup=0)
     mtp.generate(PROMPTS[:2], GREEDY)
     for shape in TREES:
         llm = eagle_llm(target, head, tree=shape, tree_depth=4, tree_topk=1, num_draft_tokens=4)

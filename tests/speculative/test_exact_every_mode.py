@@ -1,5 +1,5 @@
-"""Greedy speculation is exact in every weight mode: the tokens of n-gram, draft-target, MTP and
-EAGLE (static and dynamic trees) equal plain decoding's token for token with fp32, bf16, int8
+"""Greedy speculation is exact in every weight mode: the tokens of n-gram, draft-target, MTP (with
+and without prompt lookup's copies) and EAGLE (static and dynamic trees) equal plain decoding's token for token with fp32, bf16, int8
 and int4 weights, alone and in a batch of 8 (with an eagle3 head too, reading the target's
 feature layers, in every mode); and a request's plain tokens are the same alone and
 beside other requests. Exactness, not closeness: the forward is row-invariant
@@ -25,6 +25,7 @@ METHODS = {
     "ngram": dict(speculative="ngram", num_draft_tokens=4),
     "draft": dict(speculative="draft", num_draft_tokens=3),
     "mtp": dict(speculative="mtp", num_draft_tokens=2),
+    "mtp-lookup": dict(speculative="mtp", num_draft_tokens=3, head_lookup=2),  # copies beside the head's drafts
     "eagle-static": dict(TREE, tree="static"),
     "eagle-dynamic": dict(TREE, tree="dynamic"),
 }

@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from testkit import MIXED_PROMPTS, greedy_params, tiny_llm
+from testkit import MIXED_PROMPTS, greedy_params, record_drafts_and_head_rows, tiny_llm
 
 from speculant.speculative import mtp
 from speculant.speculative.adaptive import AdaptiveK
@@ -86,21 +86,7 @@ def run_tree_pattern(target, head, monkeypatch, lazy: bool):
     monkeypatch.setattr(TreeBudget, "choose", lambda self: self.max_budget if next(steps) % 5 == 0 else 0)
     monkeypatch.setattr(EagleProposer, "follows_lazily", lambda self: lazy)
     llm = tiny_llm(target, speculative="eagle", draft_checkpoint=head, num_draft_tokens=6, adaptive_k=True)
-    engine, trees, forwards = llm.engine, [], []
-    run, propose = engine.executor.run, engine.proposer.propose
-
-    def counted_run(plan):
-        if plan.model == mtp.HEAD:
-            forwards.append(sum(len(s.token_ids) for s in plan.inputs))
-        return run(plan)
-
-    def recorded_propose(batch):
-        proposal = yield from propose(batch)
-        trees.append(proposal.token_ids.tolist())
-        return proposal
-
-    monkeypatch.setattr(engine.executor, "run", counted_run)
-    monkeypatch.setattr(engine.proposer, "propose", recorded_propose)
+    trees, forwards = record_drafts_and_head_rows(llm, monkeypatch, mtp.HEAD)
     outs = llm.generate(PROMPTS[:3], GREEDY)
     return [o.token_ids for o in outs], trees, forwards
 

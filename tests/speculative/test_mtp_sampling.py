@@ -1,6 +1,6 @@
 """MTP speculative sampling reproduces the target's own distribution (joints of the first
-tokens and the bonus tokens, as in test_spec_sampling), with a normed and an eagle3 head, and a
-broken rule is caught."""
+tokens and the bonus tokens, as in test_spec_sampling), with a normed and an eagle3 head, with
+prompt lookup's one-hot copies among the head's drafts, and a broken rule is caught."""
 
 from __future__ import annotations
 
@@ -41,9 +41,9 @@ def mtp_models():
     return _models("normed")
 
 
-def mtp_p_values(mtp_models) -> dict[str, float]:
+def mtp_p_values(mtp_models, **options) -> dict[str, float]:
     target, head = mtp_models
-    llm = tiny_llm(target, speculative="mtp", draft_checkpoint=head, head_sampling="sample", **SAMPLING_ENGINE)
+    llm = tiny_llm(target, speculative="mtp", draft_checkpoint=head, head_sampling="sample", **SAMPLING_ENGINE, **options)
     run = run_samples(llm, PARAMS)
     x = run.tokens
     pairs = [x[:, 0] * VOCAB + x[:, 1], x[:, 1] * VOCAB + x[:, 2], x[:, 2] * VOCAB + x[:, 3]]
@@ -60,6 +60,24 @@ def test_mtp_sampling_matches_target(mtp_models):
 def test_mtp_sampling_with_an_eagle3_head_matches_target():
     out = mtp_p_values(_models("eagle3"))
     assert min(out.values()) > ALPHA, out
+
+
+def test_mtp_sampling_with_prompt_lookup_matches_target(mtp_models, monkeypatch):
+    """head_lookup 1: a draft copies wherever the last token occurred before (the prompt's 3, 5, 7
+    or a repeat), the head drafts elsewhere; both kinds are verified by the one rule."""
+    from speculant.speculative.mtp import MtpProposer
+
+    kinds, offer = [], MtpProposer.offer
+
+    def counted(self, request, k):
+        n, kind = offer(self, request, k)
+        kinds.append(kind)
+        return n, kind
+
+    monkeypatch.setattr(MtpProposer, "offer", counted)
+    out = mtp_p_values(mtp_models, head_lookup=1)
+    assert min(out.values()) > ALPHA, out
+    assert 0 < sum(kind is not None for kind in kinds) < len(kinds)  # copies and head drafts both
 
 
 def test_mtp_broken_acceptance_rule_is_detected(mtp_models, monkeypatch):
