@@ -25,7 +25,7 @@ Drafts are the head's argmax (a one-hot q) or samples from its processed distrib
 (`head_sampling`); the acceptance rule is the engine's, lossless for both.
 
 With `head_lookup` = m, a request whose last n >= m tokens occurred before drafts what followed
-them (prompt lookup, one-hot: `speculant.speculative.ngram`) in place of the head's chain: copies
+them (prompt lookup, one-hot: `speculant.speculative.lookup`) in place of the head's chain: copies
 from a document or from the answer's own repeats, where the head is right least, and no head
 forward. Adaptive k keys their acceptance by the match length, apart from the head's. With the
 head following lazily, a copied step's rows join the request's backlog (cut to its verified rows
@@ -46,7 +46,7 @@ from speculant.executor.plan import TARGET, ForwardPlan, Forwards, ModelSpec
 from speculant.speculative.base import Proposer, ProposerContext
 from speculant.speculative.drafts import chain_work, choose_drafts
 from speculant.speculative.head_rows import chunk_inputs, verified_inputs
-from speculant.speculative.ngram import NgramIndex, follow
+from speculant.speculative.lookup import ContextLookup
 
 HEAD = "head"  # the head's name in the executor
 BACKLOG_ROWS = 64  # target states a request keeps for its head before running it anyway
@@ -62,8 +62,8 @@ class MtpProposer(Proposer):
         self.carried: dict[str, torch.Tensor] = {}  # request id -> [V] head logits for the next draft
         self.state: dict[str, torch.Tensor] = {}  # request id -> [hidden] head output at that entry
         self._drafts: torch.Tensor | None = None  # [B, k_max] the step's proposal (device)
-        self.lookup = ctx.speculative.head.lookup if self.COPIES else 0  # shortest match copied (0: the head alone)
-        self._indexes: dict[str, NgramIndex] = {}  # request id -> its tokens' n-grams (head_lookup)
+        copies = ctx.speculative.head.lookup if self.COPIES else 0  # the shortest match copied (0: the head alone)
+        self.lookup = ContextLookup(ctx.speculative.ngram, copies) if copies else None  # over its own tokens and its user's outputs
         self._copies: dict[str, list[int]] = {}  # request id -> tokens the lookup offers this step
         self._planned: list[str] = []  # request ids of the step being planned, in batch order
         self._kept_copies: dict[str, int] = {}  # request id -> batch position: a copied step's rows kept in its backlog
@@ -109,32 +109,30 @@ class MtpProposer(Proposer):
     def speculates(self, batch) -> bool:
         self._copies, self._planned = {}, [r.request_id for r in batch.requests]
         drafting = super().speculates(batch)
-        if drafting and self.lookup and self.adaptive is None:  # fixed k: copy wherever a match offers
-            for r in batch.requests:
-                n = self.offer(r, self.step_k(r))[0]
-                if r.request_id in self._copies:
-                    self._step_ks[r.request_id] = n
+        if drafting and self.lookup is not None and self.adaptive is None:  # fixed k: copy wherever a match offers
+            offers = {r.request_id: self.offer(r, self.step_k(r))[0] for r in batch.requests}
+            self._step_ks |= {i: offers[i] for i in self._copies}
         return drafting
 
     def offer(self, request: Request, k: int):
         """k head drafts (kind None), or with `head_lookup` the tokens that followed the longest
-        earlier match of at least that many tokens (kind: the match length)."""
-        if not self.lookup or k <= 0:
+        earlier match of at least that many tokens, in the request's own tokens or its user's
+        finished outputs (`ContextLookup`; kind: the match length and where it was found)."""
+        if self.lookup is None or k <= 0:
             return k, None
-        ngram = self.ctx.speculative.ngram
-        tokens, n = follow(self._indexes, request, self.lookup, ngram.max_n).match(k)
-        if not tokens:
-            return k, None
-        self._copies[request.request_id] = tokens
-        return len(tokens), ("copy", n)
+        tokens, (n, stored) = self.lookup.find(request, k)
+        if tokens:
+            self._copies[request.request_id] = tokens
+        return (len(tokens), ("copy", n, stored)) if tokens else (k, None)
 
     def release(self, request: Request) -> None:
         super().release(request)
         self.carried.pop(request.request_id, None)
         self.state.pop(request.request_id, None)
         self.pending.pop(request.request_id, None)
-        self._indexes.pop(request.request_id, None)
         self._kept_copies.pop(request.request_id, None)
+        if self.lookup is not None:
+            self.lookup.release(request)
 
     def follows_lazily(self) -> bool:
         """Whether the head may leave a request's rows waiting (adaptive k chooses the drafts)."""

@@ -1,6 +1,7 @@
 """MTP with prompt lookup (`head_lookup`): where the sequence's last tokens occurred before, the
 chain drafts what followed them instead of the head's tokens. The output stays plain decoding's
-(greedy, fixed and adaptive k), a lazily following head keeps only a copied step's verified rows
+(greedy, fixed and adaptive k), a repeated request copies its earlier output from the
+store as the n-gram proposer does, a lazily following head keeps only a copied step's verified rows
 and so drafts as a head that followed every step, copies are priced without head forwards, and
 bad settings are refused by name. (Sampling: test_mtp_sampling.)"""
 
@@ -48,6 +49,16 @@ def test_adaptive_mtp_with_lookup_equals_plain(target, head, plain_outputs, monk
     copies = count_copies(llm.engine.proposer, monkeypatch)
     assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == plain_outputs
     assert copies[0] > 0
+
+
+@pytest.mark.parametrize("store_tokens", [0, 4096])
+def test_a_repeated_request_copies_its_earlier_output_from_the_store(target, head, store_tokens):
+    prompt = [5, 6, 7, 8, 9]
+    plain = tiny_llm(target).generate([prompt], GREEDY)[0].token_ids
+    llm = tiny_llm(target, speculative="mtp", draft_checkpoint=head, num_draft_tokens=4, adaptive_k=False, ngram_store_tokens=store_tokens)
+    first, again = (llm.generate([prompt], GREEDY)[0] for _ in range(2))
+    assert first.token_ids == again.token_ids == plain
+    assert (again.stats.tau > first.stats.tau) == bool(store_tokens)  # the first output, copied from the store
 
 
 def run_pattern(target, head, monkeypatch, lazy: bool):
@@ -98,7 +109,7 @@ def test_bad_lookup_settings_are_refused_by_name(target, head, options, message)
 
 
 def test_copies_by_default_in_chains_and_never_in_trees(target, head):
-    assert tiny_llm(target, speculative="mtp", draft_checkpoint=head).engine.proposer.lookup == 3
-    assert tiny_llm(target, speculative="mtp", draft_checkpoint=head, head_lookup=0).engine.proposer.lookup == 0
+    assert tiny_llm(target, speculative="mtp", draft_checkpoint=head).engine.proposer.lookup.min_n == 3
+    assert tiny_llm(target, speculative="mtp", draft_checkpoint=head, head_lookup=0).engine.proposer.lookup is None
     tree = tiny_llm(target, speculative="eagle", draft_checkpoint=head, ngram_max_n=2).engine.proposer
-    assert tree.lookup == 0  # the default head_lookup is no error where nothing copies
+    assert tree.lookup is None  # the default head_lookup is no error where nothing copies
