@@ -189,11 +189,6 @@ class NoProposer(Proposer):
     def num_draft_tokens(self, request: Request) -> int:
         return 0
 
-    def fed_requests(self, ks: Sequence[int]) -> int:
-        """Requests the proposer follows after a step of these per-request k's (its refill):
-        every one, or with `LAZY_FEED` those that draft."""
-        return len(ks) - list(ks).count(0) if self.LAZY_FEED else len(ks)
-
     def speculates(self, batch: Batch) -> bool:
         return False
 
