@@ -45,7 +45,7 @@ def test_mtp_with_lookup_equals_plain(target, head, plain_outputs, k, batch_size
 
 
 def test_adaptive_mtp_with_lookup_equals_plain(target, head, plain_outputs, monkeypatch):
-    llm = tiny_llm(target, speculative="mtp", draft_checkpoint=head, num_draft_tokens=3, head_lookup=1)
+    llm = tiny_llm(target, speculative="mtp", draft_checkpoint=head, num_draft_tokens=3, adaptive_k=True, head_lookup=1)
     copies = count_copies(llm.engine.proposer, monkeypatch)
     assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == plain_outputs
     assert copies[0] > 0
