@@ -49,12 +49,11 @@ DRAFT_PROBE_EVERY = 64  # after this many plans at one choice whose explorer dra
 
 class AdaptiveK:
     def __init__(
-        self, draft_work: Callable[[Sequence[int]], tuple[int, int]], draft_forward_prior_s: float = 0.0, lazy_feed: bool = False,
+        self, draft_work: Callable[[Sequence[int]], tuple[int, int]], draft_forward_prior_s: float = 0.0,
         fed: Callable[[Sequence[int]], int] | None = None,
     ) -> None:
         self.draft_work = draft_work  # (draft forwards, rows over them) a step with these k's runs while proposing
-        self.lazy_feed = lazy_feed  # the proposer follows the tokens only of requests that draft (else every step)
-        self.fed = fed  # requests a step with these k's refills the proposer for (None: by lazy_feed)
+        self.fed = fed  # requests a step with these k's refills the proposer for (`Proposer.fed_requests`; None: every one)
         self.tracker = AcceptanceTracker()
         self.rng = np.random.default_rng(0)  # each step's explorer and its quantile (k's only; tokens never depend on them)
         self.cost = StepCostModel()
@@ -152,7 +151,7 @@ class AdaptiveK:
         target, draft, feed = self.cost.curve(context, num_seqs), self.draft_cost, self.feed_cost
 
         def cost(ks: list[int]) -> float:
-            fed = self.fed(ks) if self.fed is not None else len(ks) - ks.count(0) if self.lazy_feed else len(ks)
+            fed = len(ks) if self.fed is None else self.fed(ks)
             return target(sum(ks) + len(ks)) + draft(*self.draft_work(ks)) + (feed(1, fed) if fed else 0.0)
 
         return cost
@@ -223,7 +222,7 @@ class AdaptiveK:
 
     def record_feed_time(self, seconds: float, requests: int) -> None:
         """The proposer spent `seconds` following the step's tokens of `requests` requests (every
-        decode step pays it, or with `lazy_feed` every step that drafts; no part of the target's cost)."""
+        decode step pays it, or with a lazy feed every step that drafts; no part of the target's cost)."""
         if self._context is not None:
             self._draft_s += seconds
             self.feed_cost.update(1, requests, seconds)

@@ -58,7 +58,7 @@ class Proposer(ABC):
     def __init__(self, ctx: ProposerContext) -> None:
         self.ctx = ctx
         self.pages: PageTables | None = None
-        self.adaptive = AdaptiveK(self.draft_work, lazy_feed=self.LAZY_FEED, fed=self.fed_requests) if ctx.speculative.adaptive_k else None
+        self.adaptive = AdaptiveK(self.draft_work, fed=self.fed_requests) if ctx.speculative.adaptive_k else None
         self._step_ks: dict[str, int] = {}  # request id -> k of the decode step being taken
 
     def model_specs(self) -> list[ModelSpec]:

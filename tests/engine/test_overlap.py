@@ -6,7 +6,7 @@ shows host time hidden behind the forwards, and no page is left behind."""
 from __future__ import annotations
 
 import pytest
-from testkit import MIXED_PROMPTS, greedy_params, noisy_copy, tiny_hf_model, tiny_llm
+from testkit import MIXED_PROMPTS, fit_head, greedy_params, noisy_copy, tiny_hf_model, tiny_llm
 
 from speculant import SamplingParams
 from speculant.utils import sync
@@ -16,6 +16,7 @@ METHODS = {
     "plain": {},
     "ngram": {"speculative": "ngram"},
     "draft": {"speculative": "draft", "num_draft_tokens": 3},
+    "mtp": {"speculative": "mtp", "num_draft_tokens": 3, "head_lookup": 2},  # the head's chain and copies
 }
 SEEDED = SamplingParams(max_tokens=16, temperature=0.8, seed=11, logprobs=True, top_logprobs=2)
 
@@ -25,17 +26,26 @@ def target():
     return tiny_hf_model("llama")
 
 
-def llm_for(method: str, target, **options):
+@pytest.fixture(scope="module")
+def head(target):
+    """A head fitted on the target's greedy continuations of half the prompts (MTP's drafts)."""
+    plain = tiny_llm(target).generate(MIXED_PROMPTS[::2], greedy_params())
+    return fit_head(target, [p + o.token_ids for p, o in zip(MIXED_PROMPTS[::2], plain)], steps=100)
+
+
+def llm_for(method: str, target, head=None, **options):
     kwargs = {**METHODS[method], **options}
+    if kwargs.get("speculative") == "mtp":
+        kwargs["draft_checkpoint"] = head
     draft = noisy_copy(target) if kwargs.get("speculative") == "draft" else None
     return tiny_llm(target, draft, **{"adaptive_k": False, **kwargs})  # the same k's serial and overlapped
 
 
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("params", [greedy_params(), SEEDED], ids=["greedy", "seeded"])
-def test_overlap_outputs_equal_serial_outputs(method, params, target):
-    serial = llm_for(method, target).generate(MIXED_PROMPTS, params)
-    llm = llm_for(method, target, overlap=True)
+def test_overlap_outputs_equal_serial_outputs(method, params, target, head):
+    serial = llm_for(method, target, head).generate(MIXED_PROMPTS, params)
+    llm = llm_for(method, target, head, overlap=True)
     overlapped = llm.generate(MIXED_PROMPTS, params)
     assert [o.token_ids for o in overlapped] == [o.token_ids for o in serial]
     assert [o.logprobs for o in overlapped] == [o.logprobs for o in serial]
@@ -43,8 +53,8 @@ def test_overlap_outputs_equal_serial_outputs(method, params, target):
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_overlapped_decode_step_reads_once_and_mixes_no_devices(method, target):
-    llm = llm_for(method, target, overlap=True)
+def test_overlapped_decode_step_reads_once_and_mixes_no_devices(method, target, head):
+    llm = llm_for(method, target, head, overlap=True)
     for prompt in MIXED_PROMPTS[:4]:
         llm.engine.add_request(prompt, SEEDED)
     with sync.strict_sync(), device_check():

@@ -159,7 +159,7 @@ def test_draft_at_k_zero_runs_no_draft_forward_and_catches_up(target, plain_outp
 def test_feed_time_is_charged_to_drafting_steps_when_the_feed_is_lazy(lazy):
     from speculant.speculative.adaptive import AdaptiveK
 
-    adaptive = AdaptiveK(lambda ks: (0, 0), lazy_feed=lazy)
+    adaptive = AdaptiveK(lambda ks: (0, 0), fed=(lambda ks: len(ks) - ks.count(0)) if lazy else None)
     adaptive._context = 0  # a decode step
     adaptive.record_feed_time(0.5, 1)
     adaptive.record_feed_time(0.8, 4)  # 0.4 s a feed and 0.1 s a request fed
@@ -357,7 +357,7 @@ def test_a_plan_that_never_drafts_drafts_one_more_every_so_often_and_so_unlearns
 
     from speculant.speculative.adaptive import DRAFT_PROBE_EVERY, PLAIN_PROBE_EVERY, AdaptiveK
 
-    adaptive = AdaptiveK(lambda ks: (0, 0), lazy_feed=True)
+    adaptive = AdaptiveK(lambda ks: (0, 0), fed=lambda ks: len(ks) - ks.count(0))  # a lazy feed
     adaptive.cost.theta[:] = 0.0
     adaptive.cost.theta[: len(KNOTS)] = 0.010  # the target: 10 ms whatever its rows
     adaptive.feed_cost.update(1, 1, 0.002)
