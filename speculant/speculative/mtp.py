@@ -44,7 +44,7 @@ from speculant.attention.batch import SeqInput
 from speculant.core import Batch, DraftProposal, Request, StepResult
 from speculant.executor.plan import TARGET, ForwardPlan, Forwards, ModelSpec
 from speculant.speculative.base import Proposer, ProposerContext
-from speculant.speculative.drafts import chain_work, choose_drafts
+from speculant.speculative.drafts import chain_work, choose_drafts, pad_proposals
 from speculant.speculative.head_rows import chunk_inputs, verified_inputs
 from speculant.speculative.lookup import ContextLookup
 
@@ -66,7 +66,6 @@ class MtpProposer(Proposer):
         self.lookup = ContextLookup(ctx.speculative.ngram, copies) if copies else None  # over its own tokens and its user's outputs
         self._copies: dict[str, list[int]] = {}  # request id -> tokens the lookup offers this step
         self._planned: list[str] = []  # request ids of the step being planned, in batch order
-        self._kept_copies: dict[str, int] = {}  # request id -> batch position: a copied step's rows kept in its backlog
 
     def model_specs(self) -> list[ModelSpec]:
         from speculant.loader.head_file import default_head
@@ -130,7 +129,6 @@ class MtpProposer(Proposer):
         self.carried.pop(request.request_id, None)
         self.state.pop(request.request_id, None)
         self.pending.pop(request.request_id, None)
-        self._kept_copies.pop(request.request_id, None)
         if self.lookup is not None:
             self.lookup.release(request)
 
@@ -194,12 +192,10 @@ class MtpProposer(Proposer):
         for b, r in enumerate(result.requests):
             n = result.row_offsets[b + 1] - result.row_offsets[b]
             waiting = self.backlog(r)
-            copied = result.speculative and n > 1 and r.request_id in self._copies
-            if (result.speculative and n > 1 and not copied) or waiting + n > BACKLOG_ROWS:
+            head_drafted = result.speculative and n > 1 and r.request_id not in self._copies
+            if head_drafted or waiting + n > BACKLOG_ROWS:  # a copied step's rows wait (`update` cuts them)
                 run.append(b)
                 continue
-            if copied:  # its rejected rows are cut once the host has read the outcome (`update`)
-                self._kept_copies[r.request_id] = b
             rows = result.hidden_states[result.row_offsets[b] : result.row_offsets[b + 1]].clone()  # the step's buffer is reused
             first, kept = self.pending.setdefault(r.request_id, (result.kv_starts[b], []))
             assert first + waiting == result.kv_starts[b], "a head backlog with a gap"
@@ -207,13 +203,14 @@ class MtpProposer(Proposer):
         return run
 
     def update(self, result: StepResult) -> Forwards[None]:
-        """Cut each copied step's rows in a backlog to its verified ones (the last token and the
-        accepted copies): the rejected rows' states are not the sequence's."""
-        for request_id, b in self._kept_copies.items():
-            pending = self.pending.get(request_id)
-            if pending is not None:
-                pending[1][-1] = pending[1][-1][: result.accepted_counts[b] + 1]
-        self._kept_copies.clear()
+        """After a speculative step, the rows each request left waiting (`_followed`: this step's,
+        its last) are cut to its verified ones, the last token and the accepted drafts: a copied
+        step's rejected rows are not the sequence's (a request that did not draft kept one row)."""
+        if result.speculative and self.pending:
+            for b, r in enumerate(result.requests):
+                pending = self.pending.get(r.request_id)
+                if pending is not None and len(pending[1][-1]) > result.accepted_counts[b] + 1:
+                    pending[1][-1] = pending[1][-1][: result.accepted_counts[b] + 1]
         yield from ()
 
     def _host_tokens(self, r: Request, start: int, end: int) -> torch.Tensor:
@@ -260,14 +257,13 @@ class MtpProposer(Proposer):
         probs = torch.zeros(len(requests), k_max, self.ctx.target_arch.vocab_size, device=device) if sampled else None
         if any(head_ks):
             yield from self._head_chain(requests, head_ks, tokens, probs)
-        copies = [(b, self._copies[r.request_id][:k]) for b, (r, k, h) in enumerate(zip(requests, ks, head_ks)) if k > h]
-        if copies:  # one-hot drafts (q = 1 at the copied token)
-            rows = torch.tensor([b for b, c in copies for _ in c], device=device)
-            slots = torch.tensor([j for _, c in copies for j in range(len(c))], device=device)
-            ids = torch.tensor([t for _, c in copies for t in c], dtype=torch.int64, device=device)
-            tokens.index_put_((rows, slots), ids)
+        copies = [self._copies[r.request_id][:k] if k > h else [] for r, k, h in zip(requests, ks, head_ks)]
+        if any(copies):  # one-hot drafts (q = 1 at the copied token)
+            copied = pad_proposals(copies, device).token_ids  # [B, k_c], -1 where a request did not copy
+            width, found = copied.shape[1], copied >= 0
+            tokens[:, :width] = torch.where(found, copied, tokens[:, :width])
             if probs is not None:
-                probs.index_put_((rows, slots, ids), torch.ones_like(ids, dtype=probs.dtype))
+                probs[:, :width].scatter_add_(2, copied.clamp(min=0)[..., None], found[..., None].to(probs.dtype))
         self._drafts = tokens
         if self.adaptive is not None:
             self.adaptive.record_draft_time(time.perf_counter() - start, self.draft_work(ks))
