@@ -1,10 +1,16 @@
 """Fixtures of the training tests: a byte-level tokenizer with a chat template, a tiny model
-folder the CLI can load by path, and a tiny checkpoint in memory."""
+folder the CLI can load by path, a tiny checkpoint in memory, its trainer-side tensors and
+precomputed shards over a few toy conversations."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 from testkit import TinyCheckpoint, tiny_hf_model
+
+from speculant.config import ModelConfig
+from speculant.training.hidden import HiddenOptions, Sequence, precompute
+from speculant.training.target import target_tensors
 
 VOCAB = 260  # <pad>, <s>, </s>, then the 256 bytes
 CHAT_TEMPLATE = (
@@ -50,3 +56,22 @@ def model_dir(tmp_path_factory, hf_model, tokenizer):
     hf_model.save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="module")
+def hidden_dir(tmp_path_factory, checkpoint):
+    """Shards over a few toy conversations (prompt of 4 tokens, periodic responses)."""
+    g = torch.Generator().manual_seed(0)
+    sequences = []
+    for n in range(7):
+        prompt = torch.randint(3, 260, (4,), generator=g).tolist()
+        sequences.append(Sequence(prompt + [10 + (n + i) % 7 for i in range(12 + 3 * n)], prompt_len=4))
+    folder = tmp_path_factory.mktemp("hidden")
+    options = HiddenOptions(top_k=8, max_seq_len=64, forward_tokens=64, shard_tokens=60, page_size=4)
+    precompute(checkpoint, ModelConfig(model="tiny"), sequences, folder, options, progress=False)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def target(checkpoint):
+    return target_tensors(checkpoint, "tiny")

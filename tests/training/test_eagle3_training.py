@@ -22,7 +22,6 @@ from speculant.loader.head_file import checkpoint_sha256, load_head
 from speculant.training.batches import build_batch, sequence_refs
 from speculant.training.hidden import HiddenOptions, Sequence, load_shards, precompute
 from speculant.training.objective import HeadObjective
-from speculant.training.target import target_tensors
 from speculant.training.trainer import TrainOptions, train
 
 LAYERS = (0, 1, 1)  # the tiny target has two layers
@@ -45,11 +44,6 @@ def feature_dir(tmp_path_factory, checkpoint):
     folder = tmp_path_factory.mktemp("features")
     precompute(checkpoint, ModelConfig(model="tiny"), _sequences(), folder, dataclasses.replace(HIDDEN, feature_layers=LAYERS), progress=False)
     return folder
-
-
-@pytest.fixture(scope="module")
-def target(checkpoint):
-    return target_tensors(checkpoint, "tiny")
 
 
 def test_shards_hold_the_feature_layers_the_inference_path_exposes(feature_dir, checkpoint):

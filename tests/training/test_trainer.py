@@ -20,19 +20,13 @@ from speculant.executor.loading import build_runner
 from speculant.executor.plan import TARGET, ForwardPlan, ModelSpec
 from speculant.loader.errors import CheckpointError
 from speculant.loader.head_file import checkpoint_sha256, load_head
-from speculant.models.head import init_head_weights
 from speculant.training.batches import BatchPlan, build_batch, sequence_refs, trained_entries
 from speculant.training.curves import read_curve
 from speculant.training.hidden import (
     COUNTS,
-    HiddenOptions,
-    Sequence,
     load_counts,
     load_shards,
-    precompute,
 )
-from speculant.training.objective import _chain_mask
-from speculant.training.target import target_tensors
 from speculant.training.trainer import (
     CURVE,
     TrainOptions,
@@ -43,25 +37,6 @@ from speculant.training.trainer import (
 )
 
 FAST = TrainOptions(steps=6, batch_tokens=64, lr=3e-3, warmup_steps=2, checkpoint_every=2, draft_vocab=120, unroll=2)
-
-
-@pytest.fixture(scope="module")
-def hidden_dir(tmp_path_factory, checkpoint):
-    """Shards over a few toy conversations (prompt of 4 tokens, periodic responses)."""
-    g = torch.Generator().manual_seed(0)
-    sequences = []
-    for n in range(7):
-        prompt = torch.randint(3, 260, (4,), generator=g).tolist()
-        sequences.append(Sequence(prompt + [10 + (n + i) % 7 for i in range(12 + 3 * n)], prompt_len=4))
-    folder = tmp_path_factory.mktemp("hidden")
-    options = HiddenOptions(top_k=8, max_seq_len=64, forward_tokens=64, shard_tokens=60, page_size=4)
-    precompute(checkpoint, ModelConfig(model="tiny"), sequences, folder, options, progress=False)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def target(checkpoint):
-    return target_tensors(checkpoint, "tiny")
 
 
 def _head(folder):
@@ -172,38 +147,6 @@ def _trained_objective(folder, target, checkpoint):
     head = load_head(folder / "head")
     weights = {k: v for k, v in head.weights.items() if k != "vocab_map"}
     return HeadObjective(target.arch, head.config.variant, weights, target.embed, target.lm_head, head.weights["vocab_map"])
-
-
-def test_chain_mask_of_an_unrolled_step():
-    seq_ids, local = torch.tensor([0, 0, 0, 1, 1]), torch.tensor([0, 1, 2, 0, 1])
-    step1 = _chain_mask(seq_ids, local, 1)
-    assert step1.tolist() == [
-        [1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [0, 0, 0, 1, 0], [0, 0, 0, 1, 1],
-    ]
-    step2 = _chain_mask(seq_ids, local, 2).int()
-    # entry 2 of sequence 0: step-1 entries 0..1 (the target's states), its own step-2 entry
-    assert step2[2].tolist() == [1, 1, 0, 0, 0] + [0, 0, 1, 0, 0]
-    assert step2[4].tolist() == [0, 0, 0, 1, 0] + [0, 0, 0, 0, 1]
-
-
-def test_attention_in_blocks_equals_one_block(hidden_dir, target):
-    from speculant.training.objective import HeadObjective
-
-    _, shards = load_shards(hidden_dir)
-    refs = sequence_refs(shards)
-    batch = build_batch(shards, refs, list(range(len(refs))), max_entries=100)
-    weights = init_head_weights(target.arch, "normed", seed=3)
-    results = []
-    for block in (1, 10**9):  # every sequence alone; the whole batch under one mask
-        model = HeadObjective(target.arch, "normed", weights, target.embed, target.lm_head, None, unroll=3, hidden_weight=0.1)
-        model.attention_block = block
-        loss, _ = model(batch, num_global=100)
-        loss.backward()
-        results.append((loss.detach(), [p.grad for p in model.parameters()]))
-    (loss_a, grads_a), (loss_b, grads_b) = results
-    torch.testing.assert_close(loss_a, loss_b)
-    for a, b in zip(grads_a, grads_b):
-        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
 
 
 def test_trained_entries_match_the_step_masks(hidden_dir):
