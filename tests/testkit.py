@@ -327,3 +327,17 @@ def record_drafts_and_head_rows(llm, monkeypatch, model: str = "head") -> tuple[
     monkeypatch.setattr(engine.executor, "run", counted_run)
     monkeypatch.setattr(engine.proposer, "propose", recorded_propose)
     return drafts, rows
+
+
+def record_offer_kinds(owner, monkeypatch) -> list:
+    """Spy on a proposer's `offer` (a proposer, or its class before one is built): the kind of
+    every offer in order (None: the proposer's own drafts; a lookup's copies: their match key)."""
+    kinds, offer = [], owner.offer
+
+    def recorded(*args):
+        n, kind = offer(*args)
+        kinds.append(kind)
+        return n, kind
+
+    monkeypatch.setattr(owner, "offer", recorded)
+    return kinds

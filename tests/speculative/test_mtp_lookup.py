@@ -10,7 +10,13 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from testkit import MIXED_PROMPTS, greedy_params, record_drafts_and_head_rows, tiny_llm
+from testkit import (
+    MIXED_PROMPTS,
+    greedy_params,
+    record_drafts_and_head_rows,
+    record_offer_kinds,
+    tiny_llm,
+)
 
 from speculant.speculative import mtp
 from speculant.speculative.adaptive import AdaptiveK
@@ -19,36 +25,27 @@ GREEDY = greedy_params()
 PROMPTS = MIXED_PROMPTS + [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [20, 21, 22, 20, 21, 22, 20]]  # repeats to copy
 
 
-def count_copies(proposer, monkeypatch) -> list[int]:
-    """Steps' copied requests, counted as `offer` hands them out."""
-    copies = [0]
-    offer = proposer.offer
-
-    def counted(request, k):
-        n, kind = offer(request, k)
-        copies[0] += kind is not None
-        return n, kind
-
-    monkeypatch.setattr(proposer, "offer", counted)
-    return copies
+def copied(kinds: list) -> int:
+    """Offers that were copies (`record_offer_kinds`)."""
+    return sum(kind is not None for kind in kinds)
 
 
 @pytest.mark.parametrize("k", [1, 3])
 @pytest.mark.parametrize("batch_size", [1, len(PROMPTS)])
 def test_mtp_with_lookup_equals_plain(target, head, plain_outputs, k, batch_size, monkeypatch):
     llm = tiny_llm(target, speculative="mtp", draft_checkpoint=head, num_draft_tokens=k, adaptive_k=False, head_lookup=2)
-    copies = count_copies(llm.engine.proposer, monkeypatch)
+    kinds = record_offer_kinds(llm.engine.proposer, monkeypatch)
     outs = llm.generate(PROMPTS[:batch_size], GREEDY)
     assert [o.token_ids for o in outs] == plain_outputs[:batch_size]
-    assert copies[0] > 0
+    assert copied(kinds) > 0
     assert llm.stats()["kv_pages_used"] == 0
 
 
 def test_adaptive_mtp_with_lookup_equals_plain(target, head, plain_outputs, monkeypatch):
     llm = tiny_llm(target, speculative="mtp", draft_checkpoint=head, num_draft_tokens=3, adaptive_k=True, head_lookup=1)
-    copies = count_copies(llm.engine.proposer, monkeypatch)
+    kinds = record_offer_kinds(llm.engine.proposer, monkeypatch)
     assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == plain_outputs
-    assert copies[0] > 0
+    assert copied(kinds) > 0
 
 
 @pytest.mark.parametrize("store_tokens", [0, 4096])
@@ -72,10 +69,10 @@ def run_pattern(target, head, monkeypatch, lazy: bool):
     monkeypatch.setattr(AdaptiveK, "choose", choose)
     monkeypatch.setattr(mtp.MtpProposer, "LAZY_FEED", lazy)
     llm = tiny_llm(target, speculative="mtp", draft_checkpoint=head, num_draft_tokens=3, adaptive_k=True, head_lookup=2)
-    copies = count_copies(llm.engine.proposer, monkeypatch)
+    kinds = record_offer_kinds(llm.engine.proposer, monkeypatch)
     drafts, rows = record_drafts_and_head_rows(llm, monkeypatch, mtp.HEAD)
     outs = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
-    return outs, drafts, copies[0], sum(rows)
+    return outs, drafts, copied(kinds), sum(rows)
 
 
 def test_a_lazy_head_keeps_a_copied_step_s_verified_rows_and_drafts_as_a_following_one(target, head, plain_outputs, monkeypatch):

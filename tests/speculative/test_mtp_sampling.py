@@ -18,7 +18,7 @@ from test_spec_sampling import (
     exact_joints,
     run_samples,
 )
-from testkit import chi_square_pvalue, fit_head, tiny_hf_model, tiny_llm
+from testkit import chi_square_pvalue, fit_head, record_offer_kinds, tiny_hf_model, tiny_llm
 
 import speculant.engine.chain_verify as verify_module
 from speculant import SamplingParams
@@ -67,14 +67,7 @@ def test_mtp_sampling_with_prompt_lookup_matches_target(mtp_models, monkeypatch)
     or a repeat), the head drafts elsewhere; both kinds are verified by the one rule."""
     from speculant.speculative.mtp import MtpProposer
 
-    kinds, offer = [], MtpProposer.offer
-
-    def counted(self, request, k):
-        n, kind = offer(self, request, k)
-        kinds.append(kind)
-        return n, kind
-
-    monkeypatch.setattr(MtpProposer, "offer", counted)
+    kinds = record_offer_kinds(MtpProposer, monkeypatch)
     out = mtp_p_values(mtp_models, head_lookup=1)
     assert min(out.values()) > ALPHA, out
     assert 0 < sum(kind is not None for kind in kinds) < len(kinds)  # copies and head drafts both
